@@ -1,0 +1,17 @@
+# DSV4_CUDA=AUTO|ON|OFF. AUTO enables CUDA wherever nvcc is found. CUDA code is built for
+# Hopper only (compute_90a / sm_90a): the kernels use Hopper-specific instructions.
+set(DSV4_HAVE_CUDA OFF)
+if(NOT DSV4_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(CMAKE_CUDA_ARCHITECTURES 90a)
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 20)
+    find_package(CUDAToolkit REQUIRED)
+    set(DSV4_HAVE_CUDA ON)
+  elseif(DSV4_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "DSV4_CUDA=ON but no CUDA compiler (nvcc) was found")
+  endif()
+endif()
+message(STATUS "dsv4: CUDA ${DSV4_HAVE_CUDA} (DSV4_CUDA=${DSV4_CUDA})")
