@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "common/error.h"
+#include "engine/bpe_trainer.h"
 #include "model/parameter_count.h"
 #include "model/presets.h"
 #include "model/synthetic_checkpoint.h"
@@ -30,11 +31,14 @@ void run_make_model(const MakeModelOptions& o) {
   options.max_shard_bytes = static_cast<std::size_t>(o.max_shard_mb * 1024 * 1024);
   options.max_total_bytes = static_cast<std::size_t>(o.max_total_gb * 1e9);
   write_synthetic_checkpoint(config, o.out, options);
+  // The built-in tokenizer (4096 ids) serves any model whose vocabulary holds it.
+  const bool tokenizer = config.vocab_size >= v4_tokenizer_options().vocab_size;
+  if (tokenizer) write_tiny_tokenizer(o.out);
   ParameterCount count = count_parameters(config);
-  fmt::print("wrote {} ({} layers + {} MTP, {:.2f} M parameters, {:.1f} MB) seed {}\n", o.out,
+  fmt::print("wrote {} ({} layers + {} MTP, {:.2f} M parameters, {:.1f} MB) seed {}{}\n", o.out,
              config.num_hidden_layers, config.num_nextn_predict_layers,
              static_cast<double>(count.total + count.mtp_total) / 1e6, static_cast<double>(count.stored_bytes) / 1e6,
-             o.seed);
+             o.seed, tokenizer ? ", with the built-in tokenizer" : " (vocabulary too small for the built-in tokenizer)");
 }
 
 }  // namespace

@@ -1,0 +1,838 @@
+// Byte-level BPE from a Hugging Face tokenizer.json, the kind DeepSeek V3/V3.2/V4 ship.
+//
+// Encoding, as in HF tokenizers with add_special_tokens=False:
+//   1. added tokens are cut out of the text first, leftmost-longest, in HF's two passes (tokens
+//      with normalized=false, then those with normalized=true); special ones only when allowed;
+//   2. the rest is split into valid-UTF-8 runs and single invalid bytes; each run goes through
+//      the pre-tokenizer's splits in order, each split working inside the previous pieces;
+//   3. each piece's bytes become byte-level symbols (GPT-2's bytes_to_unicode) and the merges
+//      are applied lowest rank first (leftmost on ties), like HF's BPE::merge_all.
+// Decoding concatenates the tokens' bytes: a vocab token's characters mapped back through the
+// byte table (raw spelling if a character is not in the table, as HF's ByteLevel decoder does),
+// an added token's content as is. Invalid UTF-8 stays raw (HF would write U+FFFD).
+//
+// Supported tokenizer.json features (anything else is an Error that names it):
+//   normalizer: null, or a Sequence with no normalizers;
+//   pre_tokenizer: ByteLevel (add_prefix_space false; use_regex true adds GPT-2's split), or a
+//     Sequence of Split (pattern Regex or String; behavior Removed, Isolated,
+//     MergedWithPrevious, MergedWithNext, Contiguous; invert) and Digits, ending in ByteLevel;
+//   model: BPE with vocab and merges ("a b" strings or [a, b] pairs), ignore_merges; dropout,
+//     continuing_subword_prefix and end_of_word_suffix must be unset; unk_token and
+//     byte_fallback are accepted but never used (every byte has a symbol in the vocab);
+//   decoder: ByteLevel; post_processor: not applied (encode never adds BOS); truncation and
+//     padding must be null;
+//   added_tokens: lstrip, rstrip and single_word must be false.
+// Regex patterns are compiled by PCRE2 (UTF + UCP) as written: HF uses Oniguruma, which agrees
+// on everything DeepSeek's patterns use (\p{..} classes, ranges, lookahead); Oniguruma-only
+// syntax is not translated.
+#include "engine/tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <queue>
+#include <unordered_map>
+#include <utility>
+
+#include "common/error.h"
+#include "common/json_io.h"
+
+namespace dsv4 {
+namespace {
+
+constexpr std::int32_t kMaxTokenId = (1 << 21) - 1;  // real vocabularies stay under 300k
+
+// ---- UTF-8 ------------------------------------------------------------------------------
+
+// Length of the valid UTF-8 character starting at s[i], or 0 if the bytes there are not one
+// (RFC 3629: no overlongs, no surrogates, nothing above U+10FFFF).
+std::size_t utf8_char_len(std::string_view s, std::size_t i) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  if (b0 < 0x80) return 1;
+  std::size_t len = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // bounds of the second byte
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    len = 2;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    len = 3;
+    if (b0 == 0xE0) lo = 0xA0;
+    if (b0 == 0xED) hi = 0x9F;
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    len = 4;
+    if (b0 == 0xF0) lo = 0x90;
+    if (b0 == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + len > s.size()) return 0;
+  const auto b1 = static_cast<unsigned char>(s[i + 1]);
+  if (b1 < lo || b1 > hi) return 0;
+  for (std::size_t k = 2; k < len; ++k) {
+    const auto b = static_cast<unsigned char>(s[i + k]);
+    if (b < 0x80 || b > 0xBF) return 0;
+  }
+  return len;
+}
+
+// Number of bytes at the end of `s` that are the start of a valid UTF-8 character still
+// missing bytes (0..3). Such a tail may become valid when more bytes arrive; anything else is
+// either complete or can never become valid.
+std::size_t incomplete_utf8_tail(std::string_view s) {
+  const std::size_t n = s.size();
+  for (std::size_t k = 1; k <= 3 && k <= n; ++k) {
+    const auto b0 = static_cast<unsigned char>(s[n - k]);
+    if (b0 >= 0x80 && b0 <= 0xBF) continue;  // continuation byte: look further back
+    std::size_t need = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (b0 >= 0xC2 && b0 <= 0xDF) {
+      need = 2;
+    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+      need = 3;
+      if (b0 == 0xE0) lo = 0xA0;
+      if (b0 == 0xED) hi = 0x9F;
+    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+      need = 4;
+      if (b0 == 0xF0) lo = 0x90;
+      if (b0 == 0xF4) hi = 0x8F;
+    } else {
+      return 0;  // ASCII or a byte that never starts a character
+    }
+    if (k >= need) return 0;  // complete (or invalid): nothing to wait for
+    for (std::size_t j = 1; j < k; ++j) {
+      const auto b = static_cast<unsigned char>(s[n - k + j]);
+      const unsigned char jlo = j == 1 ? lo : 0x80, jhi = j == 1 ? hi : 0xBF;
+      if (b < jlo || b > jhi) return 0;
+    }
+    return k;
+  }
+  return 0;
+}
+
+void append_utf8(std::string& out, std::uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// Decodes the valid UTF-8 character at s[i] (len from utf8_char_len).
+std::uint32_t decode_utf8(std::string_view s, std::size_t i, std::size_t len) {
+  const auto b0 = static_cast<unsigned char>(s[i]);
+  if (len == 1) return b0;
+  std::uint32_t cp = b0 & (0x7F >> len);
+  for (std::size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  return cp;
+}
+
+// ---- GPT-2 byte-level alphabet -------------------------------------------------------------
+
+// Printable bytes stand for themselves; the other 68 map to U+0100.. in byte order.
+struct ByteAlphabet {
+  std::array<std::string, 256> symbol;                   // byte -> UTF-8 of its character
+  std::unordered_map<std::uint32_t, unsigned char> byte;  // character -> byte
+
+  ByteAlphabet() {
+    std::uint32_t next = 256;
+    for (std::uint32_t b = 0; b < 256; ++b) {
+      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
+      const std::uint32_t cp = printable ? b : next++;
+      append_utf8(symbol[b], cp);
+      byte[cp] = static_cast<unsigned char>(b);
+    }
+  }
+};
+
+const ByteAlphabet& byte_alphabet() {
+  static const ByteAlphabet alphabet;
+  return alphabet;
+}
+
+// A vocab token's bytes: each character through the byte table, or the raw spelling if some
+// character is not in it (HF's ByteLevel decoder).
+std::string byte_level_decode(std::string_view spelling) {
+  const auto& table = byte_alphabet().byte;
+  std::string out;
+  for (std::size_t i = 0; i < spelling.size();) {
+    const std::size_t len = utf8_char_len(spelling, i);
+    if (len == 0) return std::string(spelling);
+    auto it = table.find(decode_utf8(spelling, i, len));
+    if (it == table.end()) return std::string(spelling);
+    out += static_cast<char>(it->second);
+    i += len;
+  }
+  return out;
+}
+
+std::string byte_level_encode(std::string_view bytes) {
+  const auto& alphabet = byte_alphabet();
+  std::string out;
+  for (char c : bytes) out += alphabet.symbol[static_cast<unsigned char>(c)];
+  return out;
+}
+
+// ---- Split regexes -----------------------------------------------------------------------------
+
+struct PcreCodeFree {
+  void operator()(pcre2_code* code) const { pcre2_code_free(code); }
+};
+struct PcreMatchDataFree {
+  void operator()(pcre2_match_data* data) const { pcre2_match_data_free(data); }
+};
+
+std::string pcre_error_text(int code) {
+  std::array<PCRE2_UCHAR, 256> buffer{};
+  pcre2_get_error_message(code, buffer.data(), buffer.size());
+  return std::string(reinterpret_cast<const char*>(buffer.data()));
+}
+
+enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+
+struct SplitStep {
+  std::string pattern;  // for error messages
+  std::unique_ptr<pcre2_code, PcreCodeFree> code;
+  SplitBehavior behavior = SplitBehavior::kIsolated;
+  bool invert = false;
+};
+
+SplitStep make_split(const std::string& pattern, bool literal, SplitBehavior behavior, bool invert,
+                     const std::string& where) {
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  const std::uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);  // LITERAL refuses UCP
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
+                                   &error, &offset, nullptr);
+  if (code == nullptr)
+    fail("{}: bad regex {:?} at offset {}: {}", where, pattern, offset, pcre_error_text(error));
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // optional speed-up; falls back to the interpreter
+  SplitStep step;
+  step.pattern = pattern;
+  step.code.reset(code);
+  step.behavior = behavior;
+  step.invert = invert;
+  return step;
+}
+
+// Appends the pieces `step` cuts `text` (valid UTF-8) into, with HF's Split semantics.
+void apply_split(const SplitStep& step, std::string_view text, std::vector<std::string_view>& out) {
+  if (text.empty()) return;
+  struct Segment {
+    std::size_t begin, end;
+    bool match;
+  };
+  std::vector<Segment> segments;
+  std::unique_ptr<pcre2_match_data, PcreMatchDataFree> data(
+      pcre2_match_data_create_from_pattern(step.code.get(), nullptr));
+  if (!data) fail("out of memory for regex match data");
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  std::size_t previous = 0, position = 0;
+  while (position <= text.size()) {
+    const int rc = pcre2_match(step.code.get(), subject, text.size(), position, PCRE2_NO_UTF_CHECK,
+                               data.get(), nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) fail("pre-tokenizer regex {:?} failed: {}", step.pattern, pcre_error_text(rc));
+    const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data.get());
+    std::size_t begin = ovector[0], end = ovector[1];
+    if (begin > end || begin < previous) fail("pre-tokenizer regex {:?}: \\K is not supported", step.pattern);
+    if (previous != begin) segments.push_back({previous, begin, false});
+    segments.push_back({begin, end, true});
+    previous = end;
+    if (end == begin) {  // empty match: step over one character
+      if (begin >= text.size()) break;
+      position = begin + std::max<std::size_t>(1, utf8_char_len(text, begin));
+    } else {
+      position = end;
+    }
+  }
+  if (previous != text.size()) segments.push_back({previous, text.size(), false});
+  if (step.invert)
+    for (auto& s : segments) s.match = !s.match;
+
+  std::vector<std::pair<std::size_t, std::size_t>> pieces;
+  switch (step.behavior) {
+    case SplitBehavior::kRemoved:
+      for (const auto& s : segments)
+        if (!s.match) pieces.emplace_back(s.begin, s.end);
+      break;
+    case SplitBehavior::kIsolated:
+      for (const auto& s : segments) pieces.emplace_back(s.begin, s.end);
+      break;
+    case SplitBehavior::kMergedWithPrevious: {
+      bool previous_match = false;
+      for (const auto& s : segments) {
+        if (s.match && !previous_match && !pieces.empty())
+          pieces.back().second = s.end;
+        else
+          pieces.emplace_back(s.begin, s.end);
+        previous_match = s.match;
+      }
+      break;
+    }
+    case SplitBehavior::kMergedWithNext: {
+      bool previous_match = false;
+      for (auto it = segments.rbegin(); it != segments.rend(); ++it) {
+        if (it->match && !previous_match && !pieces.empty())
+          pieces.back().first = it->begin;
+        else
+          pieces.emplace_back(it->begin, it->end);
+        previous_match = it->match;
+      }
+      std::reverse(pieces.begin(), pieces.end());
+      break;
+    }
+    case SplitBehavior::kContiguous: {
+      bool previous_match = false;
+      for (const auto& s : segments) {
+        if (s.match == previous_match && !pieces.empty())
+          pieces.back().second = s.end;
+        else
+          pieces.emplace_back(s.begin, s.end);
+        previous_match = s.match;
+      }
+      break;
+    }
+  }
+  for (const auto& [begin, end] : pieces)
+    if (end > begin) out.push_back(text.substr(begin, end - begin));
+}
+
+// ---- Added tokens ----------------------------------------------------------------------------
+
+// A byte trie over added tokens' contents, for leftmost-longest matching.
+class AddedTokenTrie {
+ public:
+  AddedTokenTrie() : nodes_(1) {}
+
+  void insert(std::string_view content, std::int32_t id, bool special) {
+    std::size_t node = 0;
+    for (char c : content) {
+      const auto byte = static_cast<unsigned char>(c);
+      std::int32_t child = find_child(node, byte);
+      if (child < 0) {
+        child = static_cast<std::int32_t>(nodes_.size());
+        nodes_[node].children.emplace_back(byte, child);
+        nodes_.emplace_back();
+      }
+      node = static_cast<std::size_t>(child);
+    }
+    nodes_[node].id = id;
+    nodes_[node].special = special;
+  }
+
+  bool empty() const { return nodes_.size() == 1; }
+
+  // Longest token starting at text[at] (skipping special ones unless allowed): {id, length},
+  // or {-1, 0}.
+  std::pair<std::int32_t, std::size_t> longest_at(std::string_view text, std::size_t at,
+                                                  bool allow_special) const {
+    std::pair<std::int32_t, std::size_t> best{-1, 0};
+    std::size_t node = 0;
+    for (std::size_t i = at; i < text.size(); ++i) {
+      const std::int32_t child = find_child(node, static_cast<unsigned char>(text[i]));
+      if (child < 0) break;
+      node = static_cast<std::size_t>(child);
+      if (nodes_[node].id >= 0 && (allow_special || !nodes_[node].special)) best = {nodes_[node].id, i + 1 - at};
+    }
+    return best;
+  }
+
+ private:
+  struct Node {
+    std::vector<std::pair<unsigned char, std::int32_t>> children;
+    std::int32_t id = -1;
+    bool special = false;
+  };
+
+  std::int32_t find_child(std::size_t node, unsigned char byte) const {
+    for (const auto& [b, child] : nodes_[node].children)
+      if (b == byte) return child;
+    return -1;
+  }
+
+  std::vector<Node> nodes_;
+};
+
+// ---- JSON field helpers -----------------------------------------------------------------------
+
+const Json* field(const Json& object, const char* key) {
+  auto it = object.find(key);
+  return it == object.end() ? nullptr : &*it;
+}
+
+bool bool_field(const Json& object, const char* key, bool fallback, const std::string& where) {
+  const Json* value = field(object, key);
+  if (value == nullptr || value->is_null()) return fallback;
+  if (!value->is_boolean()) fail("{}: \"{}\" must be a boolean, found {}", where, key, json_type_name(*value));
+  return value->get<bool>();
+}
+
+std::string string_field(const Json& object, const char* key, const std::string& where) {
+  const Json* value = field(object, key);
+  if (value == nullptr) fail("{}: missing \"{}\"", where, key);
+  if (!value->is_string()) fail("{}: \"{}\" must be a string, found {}", where, key, json_type_name(*value));
+  return value->get<std::string>();
+}
+
+std::int32_t id_value(const Json& value, const std::string& where) {
+  if (!value.is_number_integer()) fail("{}: token id must be an integer, found {}", where, json_type_name(value));
+  const auto id = value.get<std::int64_t>();
+  if (id < 0 || id > kMaxTokenId) fail("{}: token id {} out of range [0, {}]", where, id, kMaxTokenId);
+  return static_cast<std::int32_t>(id);
+}
+
+std::uint64_t pair_key(std::int32_t a, std::int32_t b) {
+  return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a)) << 32) | static_cast<std::uint32_t>(b);
+}
+
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+}  // namespace
+
+// ---- Impl ---------------------------------------------------------------------------------------
+
+struct Tokenizer::Impl {
+  enum Kind : std::uint8_t { kNone = 0, kVocab = 1, kAdded = 2, kSpecial = 3 };
+  struct Merge {
+    std::int32_t rank;
+    std::int32_t id;
+  };
+
+  std::unordered_map<std::string, std::int32_t> vocab;  // spelling -> id
+  std::unordered_map<std::string, std::int32_t> added;  // content -> id
+  std::vector<std::string> bytes;                       // id -> decoded bytes
+  std::vector<Kind> kind;                               // id -> kind
+  std::array<std::int32_t, 256> byte_id{};
+  std::unordered_map<std::uint64_t, Merge> merges;
+  bool ignore_merges = false;
+  std::vector<SplitStep> steps;
+  AddedTokenTrie added_raw;         // normalized=false: matched first
+  AddedTokenTrie added_normalized;  // normalized=true
+
+  void pre_tokenize(std::string_view text, std::vector<std::string_view>& out) const;
+  void bpe(std::string_view piece, std::vector<std::int32_t>& out) const;
+  void encode_plain(std::string_view text, std::vector<std::int32_t>& out) const;
+};
+
+void Tokenizer::Impl::pre_tokenize(std::string_view text, std::vector<std::string_view>& out) const {
+  std::vector<std::string_view> current, next;
+  auto split_run = [&](std::string_view run) {
+    if (run.empty()) return;
+    current.assign(1, run);
+    for (const auto& step : steps) {
+      next.clear();
+      for (auto piece : current) apply_split(step, piece, next);
+      std::swap(current, next);
+    }
+    out.insert(out.end(), current.begin(), current.end());
+  };
+  std::size_t run_start = 0, i = 0;
+  while (i < text.size()) {
+    const std::size_t len = utf8_char_len(text, i);
+    if (len != 0) {
+      i += len;
+      continue;
+    }
+    split_run(text.substr(run_start, i - run_start));
+    out.push_back(text.substr(i, 1));  // an invalid byte is a piece of its own
+    run_start = ++i;
+  }
+  split_run(text.substr(run_start));
+}
+
+// Merges by rank: a min-heap of candidate pairs (rank, then position), stale entries skipped.
+void Tokenizer::Impl::bpe(std::string_view piece, std::vector<std::int32_t>& out) const {
+  if (piece.size() == 1) {
+    out.push_back(byte_id[static_cast<unsigned char>(piece[0])]);
+    return;
+  }
+  if (ignore_merges) {
+    auto it = vocab.find(byte_level_encode(piece));
+    if (it != vocab.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+  struct Symbol {
+    std::int32_t id;
+    std::int32_t prev, next;
+    bool alive;
+  };
+  const auto n = static_cast<std::int32_t>(piece.size());
+  std::vector<Symbol> symbols(static_cast<std::size_t>(n));
+  for (std::int32_t i = 0; i < n; ++i)
+    symbols[static_cast<std::size_t>(i)] = {byte_id[static_cast<unsigned char>(piece[static_cast<std::size_t>(i)])],
+                                            i - 1, i + 1 < n ? i + 1 : -1, true};
+  struct Candidate {
+    std::int32_t rank, position;
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : position > o.position; }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
+  auto consider = [&](std::int32_t left) {
+    if (left < 0) return;
+    const Symbol& a = symbols[static_cast<std::size_t>(left)];
+    if (a.next < 0) return;
+    auto it = merges.find(pair_key(a.id, symbols[static_cast<std::size_t>(a.next)].id));
+    if (it != merges.end()) queue.push({it->second.rank, left});
+  };
+  for (std::int32_t i = 0; i + 1 < n; ++i) consider(i);
+  while (!queue.empty()) {
+    const Candidate top = queue.top();
+    queue.pop();
+    Symbol& a = symbols[static_cast<std::size_t>(top.position)];
+    if (!a.alive || a.next < 0) continue;
+    Symbol& b = symbols[static_cast<std::size_t>(a.next)];
+    auto it = merges.find(pair_key(a.id, b.id));
+    if (it == merges.end() || it->second.rank != top.rank) continue;  // stale
+    a.id = it->second.id;
+    b.alive = false;
+    a.next = b.next;
+    if (b.next >= 0) symbols[static_cast<std::size_t>(b.next)].prev = top.position;
+    consider(a.prev);
+    consider(top.position);
+  }
+  for (std::int32_t i = 0; i >= 0; i = symbols[static_cast<std::size_t>(i)].next)
+    out.push_back(symbols[static_cast<std::size_t>(i)].id);
+}
+
+void Tokenizer::Impl::encode_plain(std::string_view text, std::vector<std::int32_t>& out) const {
+  std::vector<std::string_view> pieces;
+  pre_tokenize(text, pieces);
+  for (auto piece : pieces) bpe(piece, out);
+}
+
+// ---- Loading ------------------------------------------------------------------------------------
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
+  return from_json_text(read_text_file(path), path.string());
+}
+
+namespace {
+
+SplitBehavior parse_behavior(const std::string& name, const std::string& where) {
+  if (name == "Removed") return SplitBehavior::kRemoved;
+  if (name == "Isolated") return SplitBehavior::kIsolated;
+  if (name == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
+  if (name == "MergedWithNext") return SplitBehavior::kMergedWithNext;
+  if (name == "Contiguous") return SplitBehavior::kContiguous;
+  fail("{}: Split behavior {:?} is not supported", where, name);
+}
+
+void parse_byte_level(const Json& j, std::vector<SplitStep>& steps, const std::string& where) {
+  if (bool_field(j, "add_prefix_space", false, where))
+    fail("{}: ByteLevel add_prefix_space=true is not supported", where);
+  if (bool_field(j, "use_regex", true, where))
+    steps.push_back(make_split(kGpt2Pattern, false, SplitBehavior::kIsolated, false, where));
+}
+
+void parse_pre_tokenizer(const Json* j, std::vector<SplitStep>& steps, const std::string& where) {
+  const std::string here = where + ": pre_tokenizer";
+  if (j == nullptr || j->is_null())
+    fail("{} is missing: only byte-level BPE (a ByteLevel pre-tokenizer) is supported", here);
+  if (!j->is_object()) fail("{} must be an object, found {}", here, json_type_name(*j));
+  std::vector<const Json*> list;
+  const std::string type = string_field(*j, "type", here);
+  if (type == "Sequence") {
+    const Json* items = field(*j, "pretokenizers");
+    if (items == nullptr || !items->is_array()) fail("{}: Sequence needs a \"pretokenizers\" array", here);
+    for (const auto& item : *items) list.push_back(&item);
+  } else {
+    list.push_back(j);
+  }
+  bool byte_level = false;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const Json& p = *list[i];
+    const std::string at = fmt::format("{}[{}]", here, i);
+    if (!p.is_object()) fail("{} must be an object, found {}", at, json_type_name(p));
+    const std::string kind = string_field(p, "type", at);
+    if (byte_level) fail("{}: {} after ByteLevel is not supported (ByteLevel must come last)", at, kind);
+    if (kind == "ByteLevel") {
+      parse_byte_level(p, steps, at);
+      byte_level = true;
+    } else if (kind == "Split") {
+      const Json* pattern = field(p, "pattern");
+      if (pattern == nullptr || !pattern->is_object()) fail("{}: Split needs a \"pattern\" object", at);
+      const bool invert = bool_field(p, "invert", false, at);
+      const auto behavior = parse_behavior(string_field(p, "behavior", at), at);
+      if (const Json* regex = field(*pattern, "Regex")) {
+        if (!regex->is_string()) fail("{}: pattern.Regex must be a string", at);
+        steps.push_back(make_split(regex->get<std::string>(), false, behavior, invert, at));
+      } else if (const Json* literal = field(*pattern, "String")) {
+        if (!literal->is_string()) fail("{}: pattern.String must be a string", at);
+        steps.push_back(make_split(literal->get<std::string>(), true, behavior, invert, at));
+      } else {
+        fail("{}: Split pattern must have \"Regex\" or \"String\"", at);
+      }
+    } else if (kind == "Digits") {
+      const bool individual = bool_field(p, "individual_digits", false, at);
+      steps.push_back(make_split(individual ? R"(\p{N})" : R"(\p{N}+)", false, SplitBehavior::kIsolated, false, at));
+    } else {
+      fail("{}: pre-tokenizer type {:?} is not supported", at, kind);
+    }
+  }
+  if (!byte_level) fail("{}: no ByteLevel step: only byte-level BPE is supported", here);
+}
+
+void check_normalizer(const Json* j, const std::string& where) {
+  if (j == nullptr || j->is_null()) return;
+  const std::string here = where + ": normalizer";
+  if (!j->is_object()) fail("{} must be an object or null, found {}", here, json_type_name(*j));
+  const std::string type = string_field(*j, "type", here);
+  if (type == "Sequence") {
+    const Json* items = field(*j, "normalizers");
+    if (items != nullptr && items->is_array() && items->empty()) return;
+  }
+  fail("{}: normalizer {:?} is not supported (only none, or an empty Sequence)", here, type);
+}
+
+void check_decoder(const Json* j, const std::string& where) {
+  const std::string here = where + ": decoder";
+  if (j == nullptr || j->is_null()) fail("{} is missing: only a ByteLevel decoder is supported", here);
+  if (!j->is_object()) fail("{} must be an object, found {}", here, json_type_name(*j));
+  const std::string type = string_field(*j, "type", here);
+  if (type != "ByteLevel") fail("{}: decoder {:?} is not supported (only ByteLevel)", here, type);
+}
+
+}  // namespace
+
+Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& where) {
+  const Json j = parse_json(text, where);
+  if (!j.is_object()) fail("{}: expected a JSON object, found {}", where, json_type_name(j));
+  auto impl = std::make_unique<Impl>();
+
+  check_normalizer(field(j, "normalizer"), where);
+  parse_pre_tokenizer(field(j, "pre_tokenizer"), impl->steps, where);
+  check_decoder(field(j, "decoder"), where);
+
+  // Model.
+  const Json* model = field(j, "model");
+  if (model == nullptr || model->is_null()) fail("{}: missing \"model\"", where);
+  const std::string mwhere = where + ": model";
+  if (!model->is_object()) fail("{} must be an object, found {}", mwhere, json_type_name(*model));
+  if (const Json* type = field(*model, "type")) {
+    if (!type->is_string() || type->get<std::string>() != "BPE")
+      fail("{}: model type {} is not supported (only BPE)", mwhere, type->dump());
+  }
+  if (const Json* dropout = field(*model, "dropout"); dropout != nullptr && !dropout->is_null()) {
+    if (!dropout->is_number() || dropout->get<double>() != 0.0)
+      fail("{}: BPE dropout is not supported", mwhere);
+  }
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    const Json* value = field(*model, key);
+    if (value != nullptr && !value->is_null() && !(value->is_string() && value->get<std::string>().empty()))
+      fail("{}: {} is not supported", mwhere, key);
+  }
+  impl->ignore_merges = bool_field(*model, "ignore_merges", false, mwhere);
+
+  const Json* vocab = field(*model, "vocab");
+  if (vocab == nullptr || !vocab->is_object()) fail("{}: \"vocab\" must be an object of token -> id", mwhere);
+  std::vector<std::string> spelling;  // id -> spelling, for conflict messages
+  auto ensure_id = [&](std::int32_t id) {
+    const auto size = static_cast<std::size_t>(id) + 1;
+    if (impl->kind.size() < size) {
+      impl->kind.resize(size, Impl::kNone);
+      impl->bytes.resize(size);
+      spelling.resize(size);
+    }
+  };
+  for (const auto& [token, value] : vocab->items()) {
+    const std::int32_t id = id_value(value, fmt::format("{}: vocab[{:?}]", mwhere, token));
+    ensure_id(id);
+    if (impl->kind[static_cast<std::size_t>(id)] != Impl::kNone)
+      fail("{}: duplicate id {} in vocab ({:?} and {:?})", mwhere, id, spelling[static_cast<std::size_t>(id)], token);
+    impl->kind[static_cast<std::size_t>(id)] = Impl::kVocab;
+    impl->bytes[static_cast<std::size_t>(id)] = byte_level_decode(token);
+    spelling[static_cast<std::size_t>(id)] = token;
+    impl->vocab.emplace(token, id);
+  }
+  const auto& alphabet = byte_alphabet();
+  for (std::size_t b = 0; b < 256; ++b) {
+    auto it = impl->vocab.find(alphabet.symbol[b]);
+    if (it == impl->vocab.end())
+      fail("{}: vocab lacks the byte-level symbol {:?} for byte 0x{:02X}", mwhere, alphabet.symbol[b], b);
+    impl->byte_id[b] = it->second;
+  }
+
+  const Json* merges = field(*model, "merges");
+  if (merges == nullptr || !merges->is_array()) fail("{}: \"merges\" must be an array", mwhere);
+  for (std::size_t rank = 0; rank < merges->size(); ++rank) {
+    const Json& m = (*merges)[rank];
+    const std::string at = fmt::format("{}: merges[{}]", mwhere, rank);
+    std::string left, right;
+    if (m.is_string()) {
+      const std::string line = m.get<std::string>();
+      const auto space = line.find(' ');
+      if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos)
+        fail("{}: {:?} is not two tokens separated by one space", at, line);
+      left = line.substr(0, space);
+      right = line.substr(space + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      left = m[0].get<std::string>();
+      right = m[1].get<std::string>();
+    } else {
+      fail("{}: expected \"a b\" or [\"a\", \"b\"], found {}", at, m.dump());
+    }
+    auto a = impl->vocab.find(left), b = impl->vocab.find(right), ab = impl->vocab.find(left + right);
+    if (a == impl->vocab.end()) fail("{}: {:?} is not in the vocab", at, left);
+    if (b == impl->vocab.end()) fail("{}: {:?} is not in the vocab", at, right);
+    if (ab == impl->vocab.end()) fail("{}: the merged token {:?} is not in the vocab", at, left + right);
+    if (!impl->merges.emplace(pair_key(a->second, b->second), Impl::Merge{static_cast<std::int32_t>(rank), ab->second})
+             .second)
+      fail("{}: duplicate merge {:?} {:?}", at, left, right);
+  }
+
+  // Added tokens.
+  if (const Json* added = field(j, "added_tokens"); added != nullptr && !added->is_null()) {
+    if (!added->is_array()) fail("{}: \"added_tokens\" must be an array", where);
+    for (std::size_t i = 0; i < added->size(); ++i) {
+      const Json& t = (*added)[i];
+      const std::string at = fmt::format("{}: added_tokens[{}]", where, i);
+      if (!t.is_object()) fail("{} must be an object, found {}", at, json_type_name(t));
+      const Json* id_json = field(t, "id");
+      if (id_json == nullptr) fail("{}: missing \"id\"", at);
+      const std::int32_t id = id_value(*id_json, at);
+      const std::string content = string_field(t, "content", at);
+      if (content.empty()) fail("{}: empty content", at);
+      const bool special = bool_field(t, "special", false, at);
+      const bool normalized = bool_field(t, "normalized", !special, at);
+      for (const char* key : {"lstrip", "rstrip", "single_word"})
+        if (bool_field(t, key, false, at)) fail("{}: {}=true is not supported", at, key);
+      ensure_id(id);
+      auto& k = impl->kind[static_cast<std::size_t>(id)];
+      const std::string& existing = spelling[static_cast<std::size_t>(id)];
+      if (k == Impl::kAdded || k == Impl::kSpecial)
+        fail("{}: duplicate added token id {} ({:?} and {:?})", at, id, existing, content);
+      if (k == Impl::kVocab && existing != content)
+        fail("{}: id {} is the vocab's {:?}, not {:?}", at, id, existing, content);
+      if (auto v = impl->vocab.find(content); v != impl->vocab.end() && v->second != id)
+        fail("{}: {:?} has id {} in the vocab, not {}", at, content, v->second, id);
+      if (!impl->added.emplace(content, id).second) fail("{}: duplicate added token {:?}", at, content);
+      k = special ? Impl::kSpecial : Impl::kAdded;
+      impl->bytes[static_cast<std::size_t>(id)] = content;
+      spelling[static_cast<std::size_t>(id)] = content;
+      (normalized ? impl->added_normalized : impl->added_raw).insert(content, id, special);
+    }
+  }
+  // "post_processor" only acts with add_special_tokens=True, which encode() does not offer.
+  for (const char* key : {"truncation", "padding"})
+    if (const Json* value = field(j, key); value != nullptr && !value->is_null())
+      fail("{}: \"{}\" is not supported (must be null)", where, key);
+  return Tokenizer(std::move(impl));
+}
+
+// ---- Public API -------------------------------------------------------------------------------
+
+std::vector<std::int32_t> Tokenizer::encode(std::string_view text, bool allow_special) const {
+  // Cut out added tokens: pass 1 on the raw text, pass 2 inside what pass 1 left.
+  struct Segment {
+    std::string_view text;
+    std::int32_t id;  // -1: plain text
+  };
+  std::vector<Segment> segments{{text, -1}}, next;
+  for (const AddedTokenTrie* trie : {&impl_->added_raw, &impl_->added_normalized}) {
+    if (trie->empty()) continue;
+    next.clear();
+    for (const auto& segment : segments) {
+      if (segment.id >= 0) {
+        next.push_back(segment);
+        continue;
+      }
+      std::string_view s = segment.text;
+      std::size_t plain_start = 0;
+      for (std::size_t i = 0; i < s.size();) {
+        auto [id, length] = trie->longest_at(s, i, allow_special);
+        if (id < 0) {
+          ++i;
+          continue;
+        }
+        if (i > plain_start) next.push_back({s.substr(plain_start, i - plain_start), -1});
+        next.push_back({s.substr(i, length), id});
+        i += length;
+        plain_start = i;
+      }
+      if (plain_start < s.size()) next.push_back({s.substr(plain_start), -1});
+    }
+    std::swap(segments, next);
+  }
+  std::vector<std::int32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  for (const auto& segment : segments) {
+    if (segment.id >= 0)
+      ids.push_back(segment.id);
+    else
+      impl_->encode_plain(segment.text, ids);
+  }
+  return ids;
+}
+
+std::string Tokenizer::decode(std::span<const std::int32_t> ids, bool skip_special) const {
+  std::string out;
+  for (std::int32_t id : ids) {
+    if (id < 0 || static_cast<std::size_t>(id) >= impl_->kind.size()) continue;  // unknown ids: nothing
+    const auto k = impl_->kind[static_cast<std::size_t>(id)];
+    if (k == Impl::kNone || (skip_special && k == Impl::kSpecial)) continue;
+    out += impl_->bytes[static_cast<std::size_t>(id)];
+  }
+  return out;
+}
+
+std::vector<std::string> Tokenizer::pre_tokenize(std::string_view text) const {
+  std::vector<std::string_view> pieces;
+  impl_->pre_tokenize(text, pieces);
+  return {pieces.begin(), pieces.end()};
+}
+
+std::optional<std::int32_t> Tokenizer::token_id(std::string_view token) const {
+  const std::string key(token);
+  if (auto it = impl_->added.find(key); it != impl_->added.end()) return it->second;
+  if (auto it = impl_->vocab.find(key); it != impl_->vocab.end()) return it->second;
+  return std::nullopt;
+}
+
+std::optional<std::string> Tokenizer::token_text(std::int32_t id) const {
+  if (id < 0 || static_cast<std::size_t>(id) >= impl_->kind.size() ||
+      impl_->kind[static_cast<std::size_t>(id)] == Impl::kNone)
+    return std::nullopt;
+  return impl_->bytes[static_cast<std::size_t>(id)];
+}
+
+bool Tokenizer::is_special(std::int32_t id) const {
+  return id >= 0 && static_cast<std::size_t>(id) < impl_->kind.size() &&
+         impl_->kind[static_cast<std::size_t>(id)] == Impl::kSpecial;
+}
+
+std::int64_t Tokenizer::vocab_size() const { return static_cast<std::int64_t>(impl_->kind.size()); }
+
+Tokenizer::StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special)
+    : tokenizer_(&tokenizer), skip_special_(skip_special) {}
+
+std::string Tokenizer::StreamDecoder::push(std::int32_t id) {
+  const std::int32_t one[1] = {id};
+  pending_ += tokenizer_->decode(one, skip_special_);
+  const std::size_t keep = incomplete_utf8_tail(pending_);
+  std::string ready = pending_.substr(0, pending_.size() - keep);
+  pending_.erase(0, pending_.size() - keep);
+  return ready;
+}
+
+std::string Tokenizer::StreamDecoder::flush() { return std::exchange(pending_, std::string()); }
+
+}  // namespace dsv4
