@@ -11,5 +11,6 @@ void add_inspect_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_logits_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 }  // namespace dsv4::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   dsv4::cli::add_plan_command(app);
   dsv4::cli::add_logits_command(app);
   dsv4::cli::add_generate_command(app);
+  dsv4::cli::add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -18,7 +18,9 @@ void add_model_options(CLI::App* cmd, ModelOptions& o, bool require_model, bool 
                     ->check(CLI::ExistingDirectory)
                     ->envname("DSV4_MODEL");
   if (require_model) model->required();
-  cmd->add_option("--threads", o.threads, "CPU threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", o.threads, "CPU threads (default: all cores)")
+      ->check(CLI::NonNegativeNumber)
+      ->envname("DSV4_THREADS");
   cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype, "main KV cache entries: fp8 (584 B) or bf16 (1024 B)")
       ->check(CLI::IsMember({"fp8", "bf16"}))
       ->envname("DSV4_KV_CACHE_DTYPE");

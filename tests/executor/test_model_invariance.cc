@@ -21,17 +21,18 @@ namespace {
 
 // The tiny model of this test process, written on first use and removed at exit.
 std::filesystem::path tiny_dir() {
-  static const std::filesystem::path dir = [] {
-    auto d = std::filesystem::path(::testing::TempDir()) / ("dsv4_invariance_tiny_" + std::to_string(::getpid()));
-    std::filesystem::remove_all(d);
-    write_synthetic_checkpoint(tiny_config(), d, {.seed = 9});
+  static const std::filesystem::path* dir = [] {
+    auto* d = new std::filesystem::path(std::filesystem::path(::testing::TempDir()) /
+                                        ("dsv4_invariance_tiny_" + std::to_string(::getpid())));
+    std::filesystem::remove_all(*d);
+    write_synthetic_checkpoint(tiny_config(), *d, {.seed = 9});
     std::atexit([] {
       std::error_code ec;
-      std::filesystem::remove_all(tiny_dir(), ec);
+      std::filesystem::remove_all(*dir, ec);  // `dir` is never destroyed, so this is safe at exit
     });
     return d;
   }();
-  return dir;
+  return *dir;
 }
 
 std::unique_ptr<Engine> make_engine(bool prefix_caching = true, CacheOptions cache = {KvCacheDtype::kFp8,

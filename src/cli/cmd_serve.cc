@@ -1,0 +1,118 @@
+// `dsv4 serve`: the OpenAI-compatible HTTP server (server/server.h) on a model directory, or
+// on the built-in tiny model when --model is omitted. Flags are named as vLLM's; each can
+// also come from an environment variable (DSV4_HOST, DSV4_PORT, DSV4_API_KEY, ...).
+// SIGINT / SIGTERM stop it gracefully: running requests are aborted, then it exits 0.
+#include <fmt/format.h>
+
+#include <atomic>
+#include <csignal>
+#include <memory>
+#include <pthread.h>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/model_options.h"
+#include "common/error.h"
+#include "server/server.h"
+
+namespace dsv4::cli {
+namespace {
+
+struct ServeOptions {
+  ModelOptions model;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::vector<std::string> served_model_names;
+  std::string api_key;
+  std::size_t max_request_body_bytes = 4u << 20;
+  int http_threads = 0;
+  std::int64_t max_logprobs = 20;
+  bool log_requests = false;
+};
+
+void run_serve(const ServeOptions& o) {
+  server::ServerOptions options;
+  options.host = o.host;
+  options.port = o.port;
+  options.served_model_names = o.served_model_names;
+  if (options.served_model_names.empty()) options.served_model_names.push_back(o.model.model.empty() ? "dsv4-tiny" : o.model.model);
+  options.api_key = o.api_key;
+  options.max_body_bytes = o.max_request_body_bytes;
+  options.http_threads = o.http_threads > 0 ? o.http_threads : static_cast<int>(std::max<std::int64_t>(64, 2 * o.model.max_num_seqs + 16));
+  options.max_logprobs = o.max_logprobs;
+  options.log_requests = o.log_requests;
+
+  const ModelOptions model_options = o.model;
+  server::Server server(options, [model_options] {
+    LoadedEngine loaded = load_engine(model_options);
+    server::LoadedModel model;
+    model.codec = server::make_text_codec(loaded.model_dir, loaded.engine->model_config());
+    model.engine = std::move(loaded.engine);
+    model.model_path = loaded.model_dir.string();
+    return model;
+  });
+
+  // SIGINT/SIGTERM go to one watcher thread (blocked everywhere else, so every thread started
+  // from here on inherits the mask) which asks the server to stop.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    const timespec tick{0, 200'000'000};
+    while (!done) {
+      const int sig = sigtimedwait(&signals, nullptr, &tick);
+      if (sig == SIGINT || sig == SIGTERM) {
+        fmt::print(stderr, "dsv4 serve: {} received, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        server.stop();
+        break;
+      }
+    }
+  });
+  try {
+    server.run([&](int port) {
+      fmt::print(stderr, "dsv4 serve: listening on http://{}:{} (model: {}, served as \"{}\"); loading the model\n",
+                 options.host, port, o.model.model.empty() ? "built-in tiny" : o.model.model,
+                 options.served_model_names.front());
+    });
+  } catch (...) {
+    done = true;
+    watcher.join();
+    throw;
+  }
+  done = true;
+  watcher.join();
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "serve", "Serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)");
+  add_model_options(cmd, o->model, /*require_model=*/false, /*serving=*/true);
+  cmd->add_option("--host", o->host, "address to listen on (default 127.0.0.1)")->envname("DSV4_HOST");
+  cmd->add_option("--port", o->port, "port to listen on (default 8000; 0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->envname("DSV4_PORT");
+  cmd->add_option("--served-model-name", o->served_model_names,
+                  "model name(s) clients use; the first is reported (default: the --model argument, or dsv4-tiny)")
+      ->envname("DSV4_SERVED_MODEL_NAME");
+  cmd->add_option("--api-key", o->api_key, "require 'Authorization: Bearer <key>' on /v1/ routes")->envname("DSV4_API_KEY");
+  cmd->add_option("--max-request-body-bytes", o->max_request_body_bytes, "larger request bodies get 413 (default 4 MiB)")
+      ->check(CLI::PositiveNumber)
+      ->envname("DSV4_MAX_REQUEST_BODY_BYTES");
+  cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (default: max(64, 2 * max-num-seqs + 16))")
+      ->check(CLI::NonNegativeNumber)
+      ->envname("DSV4_HTTP_THREADS");
+  cmd->add_option("--max-logprobs", o->max_logprobs, "most logprobs / top_logprobs a request may ask for (default 20)")
+      ->check(CLI::NonNegativeNumber)
+      ->envname("DSV4_MAX_LOGPROBS");
+  cmd->add_flag("--enable-log-requests,!--disable-log-requests", o->log_requests, "log every HTTP request (default off)")
+      ->envname("DSV4_LOG_REQUESTS");
+  cmd->callback([o] { run_serve(*o); });
+}
+
+}  // namespace dsv4::cli

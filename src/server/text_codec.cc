@@ -1,0 +1,113 @@
+// The byte codec and the choice between it and the model's tokenizer (text_codec.h).
+#include "server/text_codec.h"
+
+#include "common/error.h"
+
+namespace dsv4::server {
+
+std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelConfig& config);
+
+std::size_t complete_utf8_prefix(std::string_view text) {
+  const std::size_t n = text.size();
+  // Look back over at most three trailing bytes for the lead byte of an unfinished character.
+  for (std::size_t back = 1; back <= 3 && back <= n; ++back) {
+    const auto byte = static_cast<unsigned char>(text[n - back]);
+    if ((byte & 0xC0) == 0x80) continue;  // a continuation byte: keep looking for the lead
+    std::size_t need = 0;
+    if ((byte & 0xE0) == 0xC0) {
+      need = 2;
+    } else if ((byte & 0xF0) == 0xE0) {
+      need = 3;
+    } else if ((byte & 0xF8) == 0xF0) {
+      need = 4;
+    }
+    return need > back ? n - back : n;  // ASCII or an invalid lead byte: nothing to wait for
+  }
+  return n;
+}
+
+namespace {
+
+constexpr std::int32_t kByteOffset = 3;
+
+class ByteCodec final : public TextCodec {
+ public:
+  explicit ByteCodec(const ModelConfig& config)
+      : bos_(static_cast<std::int32_t>(config.bos_token_id)), eos_(static_cast<std::int32_t>(config.eos_token_id)) {}
+
+  std::string_view kind() const override { return "bytes"; }
+
+  std::vector<std::int32_t> encode_prompt(std::string_view text) const override {
+    std::vector<std::int32_t> ids;
+    append_bytes(text, ids);
+    return ids;
+  }
+
+  std::vector<std::int32_t> encode_chat(std::string_view rendered) const override {
+    std::vector<std::int32_t> ids;
+    append_bytes(rendered, ids);
+    return ids;
+  }
+
+  std::string token_text(std::int32_t id) const override {
+    if (id >= kByteOffset && id < kByteOffset + 256) return std::string(1, static_cast<char>(id - kByteOffset));
+    return special_text(id);
+  }
+
+  std::unique_ptr<Decoder> decoder(bool skip_special) const override {
+    return std::make_unique<ByteDecoder>(*this, skip_special);
+  }
+
+ private:
+  static void append_bytes(std::string_view text, std::vector<std::int32_t>& ids) {
+    for (unsigned char c : text) ids.push_back(kByteOffset + c);
+  }
+  std::string special_text(std::int32_t id) const {
+    if (id == bos_) return "<bos>";
+    if (id == eos_) return "<eos>";
+    return "<" + std::to_string(id) + ">";
+  }
+
+  class ByteDecoder final : public Decoder {
+   public:
+    ByteDecoder(const ByteCodec& codec, bool skip_special) : codec_(codec), skip_special_(skip_special) {}
+    std::string push(std::int32_t id) override {
+      if (id >= kByteOffset && id < kByteOffset + 256) {
+        pending_ += static_cast<char>(id - kByteOffset);
+      } else if (!skip_special_) {
+        pending_ += codec_.special_text(id);
+      }
+      const std::size_t ready = complete_utf8_prefix(pending_);
+      std::string out = pending_.substr(0, ready);
+      pending_.erase(0, ready);
+      return out;
+    }
+    std::string flush() override { return std::exchange(pending_, {}); }
+
+   private:
+    const ByteCodec& codec_;
+    bool skip_special_;
+    std::string pending_;
+  };
+
+  std::int32_t bos_;
+  std::int32_t eos_;
+};
+
+}  // namespace
+
+std::unique_ptr<TextCodec> make_byte_codec(const ModelConfig& config) {
+  if (config.vocab_size < kByteOffset + 256) {
+    fail("the model has no tokenizer.json and its vocabulary ({} tokens) is too small for the byte codec (259)",
+         config.vocab_size);
+  }
+  return std::make_unique<ByteCodec>(config);
+}
+
+std::unique_ptr<TextCodec> make_text_codec(const std::filesystem::path& model_dir, const ModelConfig& config) {
+  const std::filesystem::path tokenizer_json = model_dir / "tokenizer.json";
+  if (std::filesystem::exists(tokenizer_json)) return make_tokenizer_codec(tokenizer_json, config);
+  return make_byte_codec(config);
+}
+
+}  // namespace dsv4::server

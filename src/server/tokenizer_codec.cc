@@ -1,0 +1,74 @@
+// The TextCodec of a model with a tokenizer.json (text_codec.h, engine/tokenizer.h).
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "common/json_io.h"
+#include "engine/tokenizer.h"
+#include "server/text_codec.h"
+
+namespace dsv4::server {
+
+std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelConfig& config);
+
+namespace {
+
+class TokenizerCodec final : public TextCodec {
+ public:
+  TokenizerCodec(Tokenizer tokenizer, const ModelConfig& config, bool add_bos)
+      : tokenizer_(std::move(tokenizer)), bos_(static_cast<std::int32_t>(config.bos_token_id)), add_bos_(add_bos) {}
+
+  std::string_view kind() const override { return "tokenizer"; }
+
+  std::vector<std::int32_t> encode_prompt(std::string_view text) const override {
+    std::vector<std::int32_t> ids;
+    if (add_bos_) ids.push_back(bos_);
+    const std::vector<std::int32_t> body = tokenizer_.encode(text, /*allow_special=*/true);
+    ids.insert(ids.end(), body.begin(), body.end());
+    return ids;
+  }
+
+  std::vector<std::int32_t> encode_chat(std::string_view rendered) const override {
+    return tokenizer_.encode(rendered, /*allow_special=*/true);
+  }
+
+  std::string token_text(std::int32_t id) const override { return tokenizer_.token_text(id).value_or(std::string()); }
+
+  std::unique_ptr<Decoder> decoder(bool skip_special) const override {
+    return std::make_unique<StreamDecoder>(tokenizer_, skip_special);
+  }
+
+ private:
+  class StreamDecoder final : public Decoder {
+   public:
+    StreamDecoder(const Tokenizer& tokenizer, bool skip_special) : decoder_(tokenizer, skip_special) {}
+    std::string push(std::int32_t id) override { return decoder_.push(id); }
+    std::string flush() override { return decoder_.flush(); }
+
+   private:
+    Tokenizer::StreamDecoder decoder_;
+  };
+
+  Tokenizer tokenizer_;
+  std::int32_t bos_;
+  bool add_bos_;
+};
+
+}  // namespace
+
+std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelConfig& config) {
+  Tokenizer tokenizer = Tokenizer::from_file(tokenizer_json);
+  if (tokenizer.vocab_size() > config.vocab_size) {
+    fail("{} has {} tokens, more than the model's vocab_size {}", tokenizer_json.string(), tokenizer.vocab_size(),
+         config.vocab_size);
+  }
+  // Hugging Face's add_bos_token (tokenizer_config.json) decides whether prompts start with BOS.
+  bool add_bos = false;
+  const std::filesystem::path config_json = tokenizer_json.parent_path() / "tokenizer_config.json";
+  if (std::filesystem::exists(config_json)) {
+    const Json tc = read_json_file(config_json);
+    if (auto it = tc.find("add_bos_token"); it != tc.end() && it->is_boolean()) add_bos = it->get<bool>();
+  }
+  return std::make_unique<TokenizerCodec>(std::move(tokenizer), config, add_bos);
+}
+
+}  // namespace dsv4::server

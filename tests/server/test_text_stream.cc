@@ -1,0 +1,94 @@
+// Incremental detokenization and stop strings (server/text_stream.h), on the byte codec.
+#include <gtest/gtest.h>
+
+#include "model/presets.h"
+#include "server/text_stream.h"
+
+namespace dsv4::server {
+namespace {
+
+std::int32_t byte_token(char c) { return static_cast<unsigned char>(c) + 3; }
+
+// Pushes `text` byte by byte and returns what the stream released, piece by piece, joined by '|'.
+std::string run(TextStream& s, const std::string& text, bool finish = true) {
+  std::string out;
+  for (char c : text) {
+    if (s.stopped()) break;
+    out += s.push(byte_token(c)) + "|";
+  }
+  if (finish) out += s.finish();
+  return out;
+}
+
+class TextStreamTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<TextCodec> codec = make_byte_codec(tiny_config());
+};
+
+TEST_F(TextStreamTest, WithoutStopStringsTextFlowsAtOnce) {
+  TextStream s(*codec, {}, false, true);
+  EXPECT_EQ(run(s, "abc"), "a|b|c|");
+  EXPECT_FALSE(s.stopped());
+}
+
+TEST_F(TextStreamTest, HoldsBackWhatCouldStartAStopString) {
+  TextStream s(*codec, {"STOP"}, false, true);
+  EXPECT_EQ(run(s, "abcdeSTOPxyz"), "|||a|b|c|d|e||");
+  EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(s.stop_string(), "STOP");
+  EXPECT_EQ(s.push(byte_token('q')), "");  // ignored after the stop
+}
+
+TEST_F(TextStreamTest, IncludeStopString) {
+  TextStream s(*codec, {"\n\n"}, true, true);
+  EXPECT_EQ(run(s, "ab\n\ncd"), "|a|b|\n\n|");
+  EXPECT_TRUE(s.stopped());
+}
+
+TEST_F(TextStreamTest, FalseStartIsReleased) {
+  TextStream s(*codec, {"END"}, false, true);
+  EXPECT_EQ(run(s, "ENxENDy"), "||E|N|x||");
+  EXPECT_TRUE(s.stopped());
+}
+
+TEST_F(TextStreamTest, EarliestOfSeveralStops) {
+  TextStream s(*codec, {"cd", "b"}, false, true);
+  EXPECT_EQ(run(s, "abcd"), "|a|");
+  EXPECT_EQ(s.stop_string(), "b");
+}
+
+TEST_F(TextStreamTest, FinishReleasesHeldText) {
+  TextStream s(*codec, {"xyz"}, false, true);
+  EXPECT_EQ(run(s, "abxy"), "||a|b|xy");
+  EXPECT_FALSE(s.stopped());
+}
+
+TEST_F(TextStreamTest, MultiByteCharactersAreNotSplit) {
+  const std::string snow = "\xe2\x98\x83";  // U+2603
+  TextStream s(*codec, {}, false, true);
+  EXPECT_EQ(run(s, "a" + snow + "b"), "a|||" + snow + "|b|");
+  TextStream held(*codec, {"zz"}, false, true);
+  // With a one-byte hold-back the cut must move back to the character's first byte.
+  EXPECT_EQ(run(held, snow + snow), "|||||" + snow + "|" + snow);
+}
+
+TEST_F(TextStreamTest, SpecialTokensSkippedOrShown) {
+  TextStream skip(*codec, {}, false, true);
+  EXPECT_EQ(skip.push(1), "");
+  TextStream show(*codec, {}, false, false);
+  EXPECT_EQ(show.push(1), "<eos>");
+}
+
+TEST(CompleteUtf8Prefix, Cases) {
+  EXPECT_EQ(complete_utf8_prefix("abc"), 3u);
+  EXPECT_EQ(complete_utf8_prefix("a\xe2"), 1u);
+  EXPECT_EQ(complete_utf8_prefix("a\xe2\x98"), 1u);
+  EXPECT_EQ(complete_utf8_prefix("a\xe2\x98\x83"), 4u);
+  EXPECT_EQ(complete_utf8_prefix("\xf0\x9f\x98"), 0u);
+  EXPECT_EQ(complete_utf8_prefix("a\x80"), 2u);  // a stray continuation byte is not waited for
+  EXPECT_EQ(complete_utf8_prefix("a\xff"), 2u);
+  EXPECT_EQ(complete_utf8_prefix(""), 0u);
+}
+
+}  // namespace
+}  // namespace dsv4::server
