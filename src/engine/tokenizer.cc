@@ -47,34 +47,42 @@ constexpr std::int32_t kMaxTokenId = (1 << 21) - 1;  // real vocabularies stay u
 
 // ---- UTF-8 ------------------------------------------------------------------------------
 
-// Length of the valid UTF-8 character starting at s[i], or 0 if the bytes there are not one
-// (RFC 3629: no overlongs, no surrogates, nothing above U+10FFFF).
-std::size_t utf8_char_len(std::string_view s, std::size_t i) {
-  const auto b0 = static_cast<unsigned char>(s[i]);
-  if (b0 < 0x80) return 1;
+// What a UTF-8 lead byte promises (RFC 3629: no overlongs, no surrogates, nothing above
+// U+10FFFF): the character's length (0: not a lead byte) and the bounds of its second byte.
+struct Utf8Lead {
   std::size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xBF;  // bounds of the second byte
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    len = 2;
+  unsigned char lo = 0x80, hi = 0xBF;
+};
+Utf8Lead utf8_lead(unsigned char b0) {
+  Utf8Lead lead;
+  if (b0 < 0x80) {
+    lead.len = 1;
+  } else if (b0 >= 0xC2 && b0 <= 0xDF) {
+    lead.len = 2;
   } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    len = 3;
-    if (b0 == 0xE0) lo = 0xA0;
-    if (b0 == 0xED) hi = 0x9F;
+    lead.len = 3;
+    if (b0 == 0xE0) lead.lo = 0xA0;
+    if (b0 == 0xED) lead.hi = 0x9F;
   } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    len = 4;
-    if (b0 == 0xF0) lo = 0x90;
-    if (b0 == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
+    lead.len = 4;
+    if (b0 == 0xF0) lead.lo = 0x90;
+    if (b0 == 0xF4) lead.hi = 0x8F;
   }
-  if (i + len > s.size()) return 0;
+  return lead;
+}
+
+// Length of the valid UTF-8 character starting at s[i], or 0 if the bytes there are not one.
+std::size_t utf8_char_len(std::string_view s, std::size_t i) {
+  const Utf8Lead lead = utf8_lead(static_cast<unsigned char>(s[i]));
+  if (lead.len <= 1) return lead.len;
+  if (i + lead.len > s.size()) return 0;
   const auto b1 = static_cast<unsigned char>(s[i + 1]);
-  if (b1 < lo || b1 > hi) return 0;
-  for (std::size_t k = 2; k < len; ++k) {
+  if (b1 < lead.lo || b1 > lead.hi) return 0;
+  for (std::size_t k = 2; k < lead.len; ++k) {
     const auto b = static_cast<unsigned char>(s[i + k]);
     if (b < 0x80 || b > 0xBF) return 0;
   }
-  return len;
+  return lead.len;
 }
 
 // Number of bytes at the end of `s` that are the start of a valid UTF-8 character still
@@ -85,25 +93,12 @@ std::size_t incomplete_utf8_tail(std::string_view s) {
   for (std::size_t k = 1; k <= 3 && k <= n; ++k) {
     const auto b0 = static_cast<unsigned char>(s[n - k]);
     if (b0 >= 0x80 && b0 <= 0xBF) continue;  // continuation byte: look further back
-    std::size_t need = 0;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (b0 >= 0xC2 && b0 <= 0xDF) {
-      need = 2;
-    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-      need = 3;
-      if (b0 == 0xE0) lo = 0xA0;
-      if (b0 == 0xED) hi = 0x9F;
-    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-      need = 4;
-      if (b0 == 0xF0) lo = 0x90;
-      if (b0 == 0xF4) hi = 0x8F;
-    } else {
-      return 0;  // ASCII or a byte that never starts a character
-    }
-    if (k >= need) return 0;  // complete (or invalid): nothing to wait for
+    const Utf8Lead lead = utf8_lead(b0);
+    if (lead.len <= 1) return 0;       // ASCII or a byte that never starts a character
+    if (k >= lead.len) return 0;       // complete (or invalid): nothing to wait for
     for (std::size_t j = 1; j < k; ++j) {
       const auto b = static_cast<unsigned char>(s[n - k + j]);
-      const unsigned char jlo = j == 1 ? lo : 0x80, jhi = j == 1 ? hi : 0xBF;
+      const unsigned char jlo = j == 1 ? lead.lo : 0x80, jhi = j == 1 ? lead.hi : 0xBF;
       if (b < jlo || b > jhi) return 0;
     }
     return k;
