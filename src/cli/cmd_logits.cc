@@ -8,7 +8,7 @@
 #include "cli/model_options.h"
 #include "common/error.h"
 #include "common/npy.h"
-#include "cpu/dump_recorder.h"
+#include "executor/dump_recorder.h"
 
 namespace dsv4::cli {
 namespace {
@@ -32,7 +32,7 @@ void run_logits(const LogitsOptions& o) {
   std::unique_ptr<DumpRecorder> recorder;
   if (!o.dump_hidden.empty() || !o.dump_attention.empty()) {
     recorder = std::make_unique<DumpRecorder>(loaded.engine->model_config(), T);
-    loaded.cpu->set_inspector(recorder.get());
+    loaded.executor->set_inspector(recorder.get());
   }
   std::vector<float> mtp;
   std::vector<float> logits = loaded.engine->score(tokens, o.chunk, decode_from, o.mtp_out.empty() ? nullptr : &mtp);
@@ -42,7 +42,7 @@ void run_logits(const LogitsOptions& o) {
     write_npy(o.mtp_out, mtp, mtp_shape);
   }
   if (recorder) {
-    loaded.cpu->set_inspector(nullptr);
+    loaded.executor->set_inspector(nullptr);
     if (!o.dump_hidden.empty()) recorder->write_hidden(o.dump_hidden);
     if (!o.dump_attention.empty()) recorder->write_attention(o.dump_attention);
   }

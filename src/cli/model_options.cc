@@ -78,7 +78,7 @@ LoadedEngine load_engine(const ModelOptions& o) {
   cache.indexer_dtype = parse_indexer_cache_dtype(o.indexer_cache_dtype);
   const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   auto executor = CpuExecutor::load(loaded.model_dir, cache, threads);
-  loaded.cpu = executor.get();
+  loaded.executor = executor.get();
   EngineConfig config;
   config.cache_bytes = static_cast<std::int64_t>(o.cache_gb * 1e9);
   config.prefix_caching = o.enable_prefix_caching;

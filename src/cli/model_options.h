@@ -36,7 +36,7 @@ std::filesystem::path builtin_tiny_model();
 
 struct LoadedEngine {
   std::unique_ptr<Engine> engine;
-  CpuExecutor* cpu = nullptr;  // the engine's executor (owned by the engine)
+  Executor* executor = nullptr;  // the engine's executor (owned by the engine)
   std::filesystem::path model_dir;
 };
 LoadedEngine load_engine(const ModelOptions& options);

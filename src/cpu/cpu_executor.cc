@@ -48,11 +48,11 @@ std::span<float> row_of(std::vector<float>& v, std::int64_t row, std::int64_t wi
 
 // Per-step state shared by the phases.
 struct CpuExecutor::Step {
-  Step(const StepPlan& p, const BlockPool& b) : plan(p), blocks(b) {}
+  explicit Step(const StepPlan& p)
+      : plan(p), tokens(p.num_tokens()), positions(p.view.positions.begin(), p.view.positions.end()) {}
   const StepPlan& plan;
-  const BlockPool& blocks;
   std::int64_t tokens = 0;
-  std::vector<std::int64_t> token_row;  // row of each step token
+  std::vector<std::int64_t> positions;  // [tokens], for the ops that take int64 positions
   std::vector<float> h;                 // [tokens, hc * D] residual streams
   // Attention scratch of the current layer.
   std::vector<float> x, post, comb, qr, q, index_q, index_w;
@@ -61,31 +61,19 @@ struct CpuExecutor::Step {
   // reads this step's positions from here and earlier ones from the cache.
   std::vector<float> state_main, state_index;
 
-  // Step-token index of position `position` of token t's row, or -1 when it is not in the step.
-  std::int64_t step_token(std::int64_t t, std::int64_t position) const {
-    const auto row = static_cast<std::size_t>(token_row[static_cast<std::size_t>(t)]);
-    const std::int64_t first = plan.view.row_start[row];
-    const std::int64_t count = plan.view.token_start[row + 1] - plan.view.token_start[row];
-    if (position < first || position >= first + count) return -1;
-    return plan.view.token_start[row] + position - first;
-  }
-
   std::int64_t position(std::int64_t t) const { return plan.view.positions[static_cast<std::size_t>(t)]; }
+  std::int64_t row(std::int64_t t) const { return plan.token_row[static_cast<std::size_t>(t)]; }
   std::int64_t write_slot(int group, std::int64_t t) const {
     return plan.view.groups[static_cast<std::size_t>(group)].slot_mapping[static_cast<std::size_t>(t)];
   }
   // Slot of entry `index` (a position for sliding kinds, an entry for compressed kinds) of the
   // row of token t, through the row's block table.
   std::int64_t read_slot(const CacheGroup& g, int group, std::int64_t t, std::int64_t index) const {
-    const GroupStepView& v = plan.view.groups[static_cast<std::size_t>(group)];
-    const auto row = static_cast<std::size_t>(token_row[static_cast<std::size_t>(t)]);
-    const std::int64_t epb = g.entries_per_block();
-    const std::int64_t block = index / epb - v.table_base[row];
-    const std::int64_t begin = v.table_start[row], end = v.table_start[row + 1];
-    if (block < 0 || begin + block >= end || v.block_ids[static_cast<std::size_t>(begin + block)] == kNoBlock)
+    const std::int32_t slot = table_slot(plan.view, g, group, row(t), index);
+    if (slot < 0)
       throw std::logic_error("cpu executor: no cache block for entry " + std::to_string(index) + " of kind " +
                              std::string(cache_kind_name(g.kind)));
-    return static_cast<std::int64_t>(v.block_ids[static_cast<std::size_t>(begin + block)]) * epb + index % epb;
+    return slot;
   }
 };
 
@@ -120,51 +108,57 @@ std::unique_ptr<CpuExecutor> CpuExecutor::load(const std::filesystem::path& dir,
   return std::make_unique<CpuExecutor>(std::move(config), std::move(weights), std::move(spec), num_threads);
 }
 
-void CpuExecutor::allocate_cache(std::span<const std::int64_t> pages_per_bucket) {
+void CpuExecutor::allocate(std::span<const std::int64_t> pages_per_bucket, const StepLimits& /*limits*/) {
   if (pages_per_bucket.size() != spec_.buckets.size())
     fail("cpu executor: {} page counts for {} buckets", pages_per_bucket.size(), spec_.buckets.size());
   pools_.assign(spec_.buckets.size(), {});
-  pool_pages_.assign(pages_per_bucket.begin(), pages_per_bucket.end());
   for (std::size_t b = 0; b < spec_.buckets.size(); ++b)
     pools_[b].assign(static_cast<std::size_t>(pages_per_bucket[b] * spec_.buckets[b]), 0);
+  page_table_ = PageTable(spec_, pages_per_bucket);
 }
 
 const RopeTable& CpuExecutor::rope_for(std::int64_t layer) const {
   return config_.compress_ratio(layer) > 0 ? rope_compressed_ : rope_window_;
 }
 
-std::uint8_t* CpuExecutor::entry_ptr(const BlockPool& blocks, int group, std::int64_t layer, std::int64_t slot,
-                                     bool scales) {
+std::uint8_t* CpuExecutor::entry_ptr(int group, std::int64_t layer, std::int64_t slot, bool scales) {
   const CacheGroup& g = spec_.groups[static_cast<std::size_t>(group)];
   const std::int64_t epb = g.entries_per_block();
   const std::int64_t layer_slot = g.layer_slot(layer);
   if (slot < 0 || layer_slot < 0) throw std::logic_error("cpu executor: bad cache slot");
-  const PageId page = blocks.block_pages(group, static_cast<BlockId>(slot / epb))[static_cast<std::size_t>(layer_slot)];
+  const PageId page = page_table_.page(group, static_cast<BlockId>(slot / epb), layer_slot);
   const PageLayout layout = g.layout();
   const std::int64_t entry = slot % epb;
-  if (page < 0 || page >= pool_pages_[static_cast<std::size_t>(g.bucket)])
-    throw std::logic_error("cpu executor: page outside the cache pool");
   std::uint8_t* base = pools_[static_cast<std::size_t>(g.bucket)].data() + page * g.page_bytes;
   return base + (scales ? layout.scale_offset(entry) : layout.data_offset(entry));
 }
 
-void CpuExecutor::execute(const StepPlan& plan, const BlockPool& blocks, std::span<float> logits) {
+void CpuExecutor::launch(const StepPlan& plan) {
+  if (pools_.empty()) fail("cpu executor: allocate was not called");
+  if (launched_ != nullptr) fail("cpu executor: a step was launched and not collected");
+  page_table_.apply(plan.page_changes);
+  launched_ = &plan;
+}
+
+void CpuExecutor::collect(std::span<float> logits) {
+  if (launched_ == nullptr) fail("cpu executor: collect without a launched step");
+  const StepPlan& plan = *launched_;
+  launched_ = nullptr;
+  run(plan, logits);
+}
+
+void CpuExecutor::run(const StepPlan& plan, std::span<float> logits) {
   const ModelConfig& c = config_;
   const std::int64_t D = c.hidden_size, hc = c.hc_mult, V = c.vocab_size;
-  if (pools_.empty()) fail("cpu executor: allocate_cache was not called");
   const std::int64_t n_mtp = plan.num_mtp_tokens();
   if (!plan.mtp_tokens.empty() && weights_.mtp.empty()) fail("cpu executor: the model has no MTP block");
   if (logits.size() != (plan.logits_tokens.size() + static_cast<std::size_t>(n_mtp)) * static_cast<std::size_t>(V))
     fail("cpu executor: logits buffer holds {} values, expected ({} + {} MTP) x {}", logits.size(),
          plan.logits_tokens.size(), n_mtp, V);
-  Step s(plan, blocks);
-  s.tokens = plan.num_tokens();
-  if (plan.view.positions.size() != static_cast<std::size_t>(s.tokens))
-    fail("cpu executor: plan has {} tokens but {} positions", s.tokens, plan.view.positions.size());
-  s.token_row.resize(static_cast<std::size_t>(s.tokens));
-  for (std::size_t r = 0; r + 1 < plan.view.token_start.size(); ++r)
-    for (std::int64_t t = plan.view.token_start[r]; t < plan.view.token_start[r + 1]; ++t)
-      s.token_row[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(r);
+  Step s(plan);
+  if (plan.view.positions.size() != static_cast<std::size_t>(s.tokens) || plan.token_row.size() != static_cast<std::size_t>(s.tokens))
+    fail("cpu executor: plan has {} tokens but {} positions and {} rows (finish_step_plan not called?)", s.tokens,
+         plan.view.positions.size(), plan.token_row.size());
 
   // Embedding, copied into every residual stream (SPEC 3).
   s.h.assign(static_cast<std::size_t>(s.tokens * hc * D), 0.0f);
@@ -174,15 +168,18 @@ void CpuExecutor::execute(const StepPlan& plan, const BlockPool& blocks, std::sp
     for (std::int64_t i = 0; i < hc; ++i)
       std::copy_n(weights_.embed.begin() + id * D, D, s.h.begin() + (t * hc + i) * D);
   }
-  std::vector<std::int64_t> token_seqs;
-  if (inspector_)
-    for (std::int64_t t = 0; t < s.tokens; ++t)
-      token_seqs.push_back(plan.view.seqs[static_cast<std::size_t>(s.token_row[static_cast<std::size_t>(t)])]);
+  std::vector<std::int64_t> token_seqs, token_positions;
+  if (inspector_) {
+    for (std::int64_t t = 0; t < s.tokens; ++t) {
+      token_seqs.push_back(plan.view.seqs[static_cast<std::size_t>(s.row(t))]);
+      token_positions.push_back(s.position(t));
+    }
+  }
 
   for (const CpuBlockWeights& w : weights_.blocks) {
     attention_layer(s, w);
     ffn_layer(s, w);
-    if (inspector_) inspector_->hidden(w.layer, token_seqs, plan.view.positions, s.h);
+    if (inspector_) inspector_->hidden(w.layer, token_seqs, token_positions, s.h);
   }
 
   // Head (SPEC 3.1 end): pre-only mixing, final norm, fp32 logits.
@@ -211,40 +208,10 @@ void CpuExecutor::mtp_block(Step& main, std::span<float> logits) {
   const float eps = static_cast<float>(c.rms_norm_eps);
   const CpuMtpWeights& m = weights_.mtp.front();
   const StepPlan& plan = main.plan;
-  // The sub-plan of the tokens that run MTP: a suffix of each row may lack its next token.
-  StepPlan sub;
-  sub.view.seqs = plan.view.seqs;
-  sub.view.row_start = plan.view.row_start;
-  sub.view.groups = plan.view.groups;
-  for (auto& g : sub.view.groups) g.slot_mapping.clear();
-  std::vector<std::int64_t> picked;
-  sub.view.token_start.push_back(0);
-  for (std::size_t r = 0; r + 1 < plan.view.token_start.size(); ++r) {
-    bool gap = false;
-    for (std::int64_t t = plan.view.token_start[r]; t < plan.view.token_start[r + 1]; ++t) {
-      const std::int32_t next = plan.mtp_tokens[static_cast<std::size_t>(t)];
-      if (next < 0) {
-        gap = true;
-        continue;
-      }
-      if (gap) fail("cpu executor: MTP tokens of a row must be a prefix of its tokens");
-      picked.push_back(t);
-    }
-    sub.view.token_start.push_back(static_cast<std::int64_t>(picked.size()));
-  }
-  for (std::int64_t t : picked) {
-    sub.view.positions.push_back(plan.view.positions[static_cast<std::size_t>(t)]);
-    sub.token_ids.push_back(plan.mtp_tokens[static_cast<std::size_t>(t)]);
-    for (std::size_t g = 0; g < sub.view.groups.size(); ++g)
-      sub.view.groups[g].slot_mapping.push_back(plan.view.groups[g].slot_mapping[static_cast<std::size_t>(t)]);
-  }
+  const StepPlan sub = mtp_sub_plan(plan);
+  const std::vector<std::int32_t>& picked = plan.mtp_rows;
   const auto T = static_cast<std::int64_t>(picked.size());
-  Step s(sub, main.blocks);
-  s.tokens = T;
-  s.token_row.resize(static_cast<std::size_t>(T));
-  for (std::size_t r = 0; r + 1 < sub.view.token_start.size(); ++r)
-    for (std::int64_t t = sub.view.token_start[r]; t < sub.view.token_start[r + 1]; ++t)
-      s.token_row[static_cast<std::size_t>(t)] = static_cast<std::int64_t>(r);
+  Step s(sub);
 
   // Input streams.
   std::vector<float> hn(static_cast<std::size_t>(T * hc * D)), hp(hn.size());
@@ -318,28 +285,28 @@ void CpuExecutor::attention_layer(Step& s, const CpuBlockWeights& w) {
     rope.apply(kvt.subspan(static_cast<std::size_t>(d - rd)), s.position(t));
     round_all_to_bf16(kvt);
     const std::int64_t slot = s.write_slot(window_group, t);
-    encode_main_kv(kvt, rd, kv_dtype, entry_ptr(s.blocks, window_group, w.layer, slot, false),
-                   entry_ptr(s.blocks, window_group, w.layer, slot, true));
+    encode_main_kv(kvt, rd, kv_dtype, entry_ptr(window_group, w.layer, slot, false),
+                   entry_ptr(window_group, w.layer, slot, true));
   });
 
   if (r > 0) {
     // Compressor projections of every token into the state cache (SPEC 3.3).
     const CompressorParams cp{r, d, rd, CompressorKind::kAttention, eps};
     s.state_main.assign(static_cast<std::size_t>(T * cp.slot_floats()), 0.0f);
-    compressor_project(s.x, T, s.plan.view.positions, w.compressor->wkv, w.compressor->wgate, w.compressor->ape, cp,
+    compressor_project(s.x, T, s.positions, w.compressor->wkv, w.compressor->wgate, w.compressor->ape, cp,
                        s.state_main, pool);
     store_state(s, w.layer, r == 4 ? CacheKind::kCsaState : CacheKind::kHcaState, s.state_main, cp.slot_floats());
   }
   if (r == 4) {
     const IndexerParams ip{c.index_n_heads, c.index_head_dim, rd, c.index_topk};
     s.index_q.assign(static_cast<std::size_t>(T * ip.n_heads * ip.head_dim), 0.0f);
-    indexer_query(s.qr, T, s.plan.view.positions, w.indexer->wq_b, rope, ip, s.index_q, pool);
+    indexer_query(s.qr, T, s.positions, w.indexer->wq_b, rope, ip, s.index_q, pool);
     s.index_w.assign(static_cast<std::size_t>(T * ip.n_heads), 0.0f);
     indexer_weights(s.x, T, w.indexer->weights_proj, ip, s.index_w, pool);
     const CompressorParams cp{4, c.index_head_dim, rd, CompressorKind::kIndexer, eps};
     s.state_index.assign(static_cast<std::size_t>(T * cp.slot_floats()), 0.0f);
     const auto& ic = w.indexer->compressor;
-    compressor_project(s.x, T, s.plan.view.positions, ic.wkv, ic.wgate, ic.ape, cp, s.state_index, pool);
+    compressor_project(s.x, T, s.positions, ic.wkv, ic.wgate, ic.ape, cp, s.state_index, pool);
     store_state(s, w.layer, CacheKind::kIndexerState, s.state_index, cp.slot_floats());
   }
 
@@ -369,8 +336,8 @@ void CpuExecutor::attention_layer(Step& s, const CpuBlockWeights& w) {
       std::vector<float> keys(static_cast<std::size_t>(complete * ip.head_dim));
       for (std::int64_t j = 0; j < complete; ++j) {
         const std::int64_t slot = s.read_slot(ig, index_group, t, j);
-        decode_indexer_key(entry_ptr(s.blocks, index_group, w.layer, slot, false),
-                           entry_ptr(s.blocks, index_group, w.layer, slot, true), spec_.options.indexer_dtype,
+        decode_indexer_key(entry_ptr(index_group, w.layer, slot, false),
+                           entry_ptr(index_group, w.layer, slot, true), spec_.options.indexer_dtype,
                            row_of(keys, j, ip.head_dim));
       }
       scores.assign(static_cast<std::size_t>(complete), 0.0f);
@@ -385,14 +352,14 @@ void CpuExecutor::attention_layer(Step& s, const CpuBlockWeights& w) {
     const CacheGroup& wg = spec_.groups[static_cast<std::size_t>(window_group)];
     for (std::int64_t i = 0; i < n_window; ++i) {
       const std::int64_t slot = s.read_slot(wg, window_group, t, first + i);
-      decode_main_kv(entry_ptr(s.blocks, window_group, w.layer, slot, false),
-                     entry_ptr(s.blocks, window_group, w.layer, slot, true), rd, kv_dtype, row_of(keys, i, d));
+      decode_main_kv(entry_ptr(window_group, w.layer, slot, false),
+                     entry_ptr(window_group, w.layer, slot, true), rd, kv_dtype, row_of(keys, i, d));
     }
     for (std::size_t k = 0; k < entries.size(); ++k) {
       const CacheGroup& mg = spec_.groups[static_cast<std::size_t>(main_group)];
       const std::int64_t slot = s.read_slot(mg, main_group, t, entries[k]);
-      decode_main_kv(entry_ptr(s.blocks, main_group, w.layer, slot, false),
-                     entry_ptr(s.blocks, main_group, w.layer, slot, true), rd, kv_dtype,
+      decode_main_kv(entry_ptr(main_group, w.layer, slot, false),
+                     entry_ptr(main_group, w.layer, slot, true), rd, kv_dtype,
                      row_of(keys, n_window + static_cast<std::int64_t>(k), d));
     }
     auto ot = row_of(o, t, H * d);
@@ -409,7 +376,7 @@ void CpuExecutor::attention_layer(Step& s, const CpuBlockWeights& w) {
       const std::int64_t p = s.position(t);
       std::vector<std::int64_t> window;
       for (std::int64_t q = std::max<std::int64_t>(0, p - c.sliding_window + 1); q <= p; ++q) window.push_back(q);
-      const auto row = static_cast<std::size_t>(s.token_row[static_cast<std::size_t>(t)]);
+      const auto row = static_cast<std::size_t>(s.row(t));
       inspector_->attention(w.layer, AttentionTap{s.plan.view.seqs[row], p, window,
                                                   compressed_keys[static_cast<std::size_t>(t)],
                                                   index_scores[static_cast<std::size_t>(t)]});
@@ -435,7 +402,7 @@ void CpuExecutor::store_state(Step& s, std::int64_t layer, CacheKind kind, const
   for (std::int64_t t = 0; t < s.tokens; ++t) {
     const std::int64_t slot = s.write_slot(g, t);
     if (slot < 0) continue;  // a position no later step reads
-    std::memcpy(entry_ptr(s.blocks, g, layer, slot, false), &state[static_cast<std::size_t>(t * width)],
+    std::memcpy(entry_ptr(g, layer, slot, false), &state[static_cast<std::size_t>(t * width)],
                 static_cast<std::size_t>(width) * sizeof(float));
   }
 }
@@ -446,35 +413,37 @@ void CpuExecutor::write_compressed_entries(Step& s, const CpuBlockWeights& w, bo
   const std::int64_t hd = indexer ? c.index_head_dim : c.head_dim, rd = c.qk_rope_head_dim;
   const CompressorParams cp{r, hd, rd, indexer ? CompressorKind::kIndexer : CompressorKind::kAttention,
                             static_cast<float>(c.rms_norm_eps)};
-  const int state_group = spec_.group_of(indexer ? CacheKind::kIndexerState
-                                                 : (r == 4 ? CacheKind::kCsaState : CacheKind::kHcaState));
   const int entry_group = spec_.group_of(indexer ? CacheKind::kIndexerKv : (r == 4 ? CacheKind::kCsaKv : CacheKind::kHcaKv));
-  const CacheGroup& sg = spec_.groups[static_cast<std::size_t>(state_group)];
+  const CompressionPlan& cplan = r == 4 ? s.plan.c4 : s.plan.c128;
+  // The state group this compressor pools from: the attention compressor's is listed first,
+  // the indexer's second (step_plan.h).
+  const std::size_t state_index = indexer ? 1 : 0;
+  if (cplan.ratio != r || cplan.state_groups.size() <= state_index) throw std::logic_error("cpu executor: plan lacks the compression writes");
+  const int state_group = cplan.state_groups[state_index];
+  const std::vector<std::int32_t>& state_slots = cplan.state_slots[state_index];
   const auto& norm = indexer ? w.indexer->compressor.norm : w.compressor->norm;
   const RopeTable& rope = rope_for(w.layer);
-  parallel_for(pool_.get(), 0, s.tokens, [&](std::int64_t t) {
-    const std::int64_t p = s.position(t);
-    if (!compressor_block_complete(p, cp)) return;
-    const std::int64_t j = p / r;
+  const std::int64_t n_slots = cp.num_slots();
+  parallel_for(pool_.get(), 0, cplan.num_writes(), [&](std::int64_t i) {
+    const std::int64_t t = cplan.token[static_cast<std::size_t>(i)];
+    const std::int64_t j = cplan.entry[static_cast<std::size_t>(i)];
     // The ring the pooling reads (compressor.h): for r = 4 slots 0..3 = block j-1, 4..7 = block j.
     std::vector<float> ring(static_cast<std::size_t>(cp.ring_floats()), 0.0f);
-    const std::int64_t first = r == 4 ? 4 * j - 4 : r * j;
     const std::vector<float>& step_state = indexer ? s.state_index : s.state_main;
-    for (std::int64_t k = 0; k < cp.num_slots(); ++k) {
-      const std::int64_t position = first + k;
-      if (position < 0) continue;  // j = 0: no previous block
-      const std::int64_t u = s.step_token(t, position);
+    for (std::int64_t k = 0; k < n_slots; ++k) {
+      const auto src_index = static_cast<std::size_t>(i * n_slots + k);
+      const std::int32_t u = cplan.source[src_index];
+      if (u == CompressionPlan::kNoPosition) continue;  // j = 0: no previous block
       const float* src = u >= 0 ? &step_state[static_cast<std::size_t>(u * cp.slot_floats())]
-                                : reinterpret_cast<const float*>(entry_ptr(
-                                      s.blocks, state_group, w.layer, s.read_slot(sg, state_group, t, position), false));
+                                : reinterpret_cast<const float*>(entry_ptr(state_group, w.layer, state_slots[src_index], false));
       std::memcpy(&ring[static_cast<std::size_t>(k * cp.slot_floats())], src,
                   static_cast<std::size_t>(cp.slot_floats()) * sizeof(float));
     }
     std::vector<float> entry(static_cast<std::size_t>(hd));
     compressor_entry(ring, j, norm, rope, cp, entry);
     const std::int64_t slot = s.write_slot(entry_group, t);
-    std::uint8_t* data = entry_ptr(s.blocks, entry_group, w.layer, slot, false);
-    std::uint8_t* scales = entry_ptr(s.blocks, entry_group, w.layer, slot, true);
+    std::uint8_t* data = entry_ptr(entry_group, w.layer, slot, false);
+    std::uint8_t* scales = entry_ptr(entry_group, w.layer, slot, true);
     if (indexer) {
       encode_indexer_key(entry, spec_.options.indexer_dtype, data, scales);
     } else {

@@ -1,7 +1,8 @@
 // CpuExecutor: the whole DeepSeek-V4 forward on the CPU (SPEC.md section 3), the reference
 // every GPU kernel is checked against and what runs without a GPU.
 //
-// It reads and writes the paged caches with the KV cache manager's layouts: every kv vector,
+// It reads and writes the paged caches with the KV cache manager's layouts (pages found through
+// its PageTable, kept current from each plan's page changes): every kv vector,
 // compressor state position, compressed entry and indexer key goes into its page through
 // cache_codec.h, and attention reads its keys back from the pages. Per layer a step runs in
 // three phases over its tokens:
@@ -10,9 +11,9 @@
 //      weights and the indexer compressor's projections. The projections stay in step scratch;
 //      the state cache receives the positions the manager gave a slot (those later steps and
 //      prefix hits need: the sliding state at the step's end and at 256-position boundaries).
-//   B  per token that completes a compressed block (t % r == r - 1): entry j = t / r pooled
-//      (SPEC 3.3) from this step's projections and, for earlier positions, the state cache;
-//      finished and written to the compressed caches.
+//   B  per entry the step completes (the plan's CompressionPlan): entry j pooled (SPEC 3.3)
+//      from this step's projections and, for earlier positions, the state cache; finished and
+//      written to the compressed caches.
 //   C  per token: the key set (window positions max(0, t-127)..t, then for HCA every complete
 //      entry, for CSA the indexer's top-k of the complete entries, ascending), one softmax with
 //      the sink, inverse RoPE, grouped output projection, hc post; then the MoE sub-layer.
@@ -28,8 +29,9 @@
 
 #include "common/thread_pool.h"
 #include "cpu/cpu_weights.h"
-#include "cpu/inspector.h"
-#include "engine/executor.h"
+#include "executor/inspector.h"
+#include "executor/executor.h"
+#include "executor/page_table.h"
 #include "numerics/rope.h"
 
 namespace dsv4 {
@@ -43,20 +45,21 @@ class CpuExecutor final : public Executor {
 
   const ModelConfig& config() const override { return config_; }
   const CacheSpec& cache_spec() const override { return spec_; }
-  void allocate_cache(std::span<const std::int64_t> pages_per_bucket) override;
-  void execute(const StepPlan& plan, const BlockPool& blocks, std::span<float> logits) override;
-
-  // Taps every layer of every later step (nullptr: off). Not owned.
-  void set_inspector(Inspector* inspector) { inspector_ = inspector; }
+  void allocate(std::span<const std::int64_t> pages_per_bucket, const StepLimits& limits) override;
+  // The CPU runs the whole step in collect(); launch() only takes the plan and its page changes.
+  void launch(const StepPlan& plan) override;
+  void collect(std::span<float> logits) override;
+  void set_inspector(Inspector* inspector) override { inspector_ = inspector; }
 
  private:
   struct Step;  // per-step scratch (cpu_executor.cc)
+  void run(const StepPlan& plan, std::span<float> logits);
   void attention_layer(Step& s, const CpuBlockWeights& w);
   void ffn_layer(Step& s, const CpuBlockWeights& w);
   void mtp_block(Step& main, std::span<float> logits);
   void write_compressed_entries(Step& s, const CpuBlockWeights& w, bool indexer);
   void store_state(Step& s, std::int64_t layer, CacheKind kind, const std::vector<float>& state, std::int64_t width);
-  std::uint8_t* entry_ptr(const BlockPool& blocks, int group, std::int64_t layer, std::int64_t slot, bool scales);
+  std::uint8_t* entry_ptr(int group, std::int64_t layer, std::int64_t slot, bool scales);
   const RopeTable& rope_for(std::int64_t layer) const;
 
   ModelConfig config_;
@@ -67,7 +70,8 @@ class CpuExecutor final : public Executor {
   RopeTable rope_compressed_;  // compress_rope_theta with YaRN (CSA / HCA layers)
   std::vector<std::vector<ExpertWeights>> expert_views_;  // per block
   std::vector<std::vector<std::uint8_t>> pools_;          // per bucket: pages * page_bytes
-  std::vector<std::int64_t> pool_pages_;
+  PageTable page_table_;
+  const StepPlan* launched_ = nullptr;
   Inspector* inspector_ = nullptr;
 };
 

@@ -57,7 +57,7 @@ Engine::Engine(Executor& executor, std::unique_ptr<Executor>&& owned, EngineConf
   config_.cache_pages = pages;
   kv_ = std::make_unique<KvCacheManager>(spec, pages, config_.prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens}, *kv_);
-  executor_.allocate_cache(pages);
+  executor_.allocate(pages, StepLimits{config_.max_num_batched_tokens, config_.max_num_seqs});
   seed_base_ = (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
 }
 
@@ -173,7 +173,7 @@ std::vector<RequestOutput> Engine::step() {
     logits_.assign(step.plan.logits_tokens.size() * static_cast<std::size_t>(vocab), 0.0f);
     std::string failure;
     try {
-      executor_.execute(step.plan, kv_->blocks(), logits_);
+      executor_.execute(step.plan, logits_);
     } catch (const std::exception& e) {
       failure = e.what();
       if (failure.empty()) failure = "unknown executor failure";
@@ -292,7 +292,7 @@ std::vector<float> Engine::score(std::span<const std::int32_t> tokens, std::int6
         len = 1;
       } else {
         if (chunk > 0) len = std::min(len, chunk);
-        len = std::min(len, decode_from - pos);
+        len = std::min({len, decode_from - pos, config_.max_num_batched_tokens});  // the executor's step limit
       }
       const AllocResult result = kv_->allocate(id, len);
       if (!result.ok()) fail("score: the KV cache cannot hold positions [{}, {}): {}", pos, pos + len, result.reason);
@@ -300,11 +300,13 @@ std::vector<float> Engine::score(std::span<const std::int32_t> tokens, std::int6
       const StepSlice slice{id, len};
       plan.view = kv_->step_view(std::span<const StepSlice>(&slice, 1));
       plan.token_ids.assign(tokens.begin() + pos, tokens.begin() + pos + len);
-      for (std::int64_t t = 0; t < len; ++t) plan.logits_tokens.push_back(t);
+      for (std::int64_t t = 0; t < len; ++t) plan.logits_tokens.push_back(static_cast<std::int32_t>(t));
       if (mtp_logits)
         for (std::int64_t t = 0; t < len; ++t) plan.mtp_tokens.push_back(pos + t + 1 < n ? tokens[pos + t + 1] : -1);
-      step_logits.assign(static_cast<std::size_t>((len + plan.num_mtp_tokens()) * vocab), 0.0f);
-      executor_.execute(plan, kv_->blocks(), step_logits);
+      plan.page_changes = kv_->take_page_changes();
+      finish_step_plan(plan, kv_->spec());
+      step_logits.assign(static_cast<std::size_t>(plan.num_logits_rows() * vocab), 0.0f);
+      executor_.execute(plan, step_logits);
       std::copy_n(step_logits.begin(), len * vocab, logits.begin() + pos * vocab);
       if (mtp_logits)
         std::copy(step_logits.begin() + len * vocab, step_logits.end(), mtp_logits->begin() + pos * vocab);

@@ -1,6 +1,6 @@
 // Engine: requests in, tokens out. It owns the KV cache bookkeeping (KvCacheManager), the
 // scheduler and the sampler, and drives an Executor (CPU or CUDA) one step at a time:
-//   schedule -> StepPlan -> executor.execute -> commit -> sample -> outputs.
+//   schedule -> StepPlan -> executor launch/collect -> commit -> sample -> outputs.
 //
 // Threads: add_request, abort, has_unfinished, wait_for_work and stats may be called from any
 // thread (a server's HTTP handlers); they only touch an inbox and a stats snapshot under a
@@ -21,7 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/executor.h"
+#include "executor/executor.h"
 #include "engine/request.h"
 #include "engine/sampling.h"
 #include "engine/scheduler.h"
@@ -88,7 +88,8 @@ class Engine {
   std::vector<RequestOutput> generate(const std::vector<std::vector<std::int32_t>>& prompts,
                                       const std::vector<SamplingParams>& params);
   // Runs `tokens` as one sequence and returns the fp32 logits of every position,
-  // [tokens.size(), vocab_size]: prefill in chunks of `chunk` tokens (0 = one shot), one token
+  // [tokens.size(), vocab_size]: prefill in chunks of `chunk` tokens (0 = one shot; either way at
+  // most max_num_batched_tokens a step, the size the executor was prepared for), one token
   // per step from position `decode_from` on. Needs an idle engine (throws Error otherwise);
   // the prefix cache is not consulted (every position is computed), but it learns the blocks.
   // With `mtp_logits`, also runs the MTP block on every position whose next token is known and

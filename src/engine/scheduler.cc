@@ -172,6 +172,8 @@ void Scheduler::build_plan(ScheduledStep& step) const {
       step.sampling.push_back(s.request);
     }
   }
+  plan.page_changes = kv_.take_page_changes();
+  finish_step_plan(plan, kv_.spec());
 }
 
 void Scheduler::commit(const ScheduledStep& step) {

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "engine/request.h"
-#include "engine/step_plan.h"
+#include "executor/step_plan.h"
 #include "kvcache/kv_cache_manager.h"
 
 namespace dsv4 {

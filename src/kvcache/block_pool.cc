@@ -20,6 +20,7 @@ BlockPool::BlockPool(const CacheSpec& spec, const std::vector<std::int64_t>& pag
     blocks.layers = g.num_layers();
     groups_.push_back(std::move(blocks));
   }
+  allocated_since_.resize(groups_.size());
 }
 
 BlockId BlockPool::allocate(int group) {
@@ -38,6 +39,7 @@ BlockId BlockPool::allocate(int group) {
   std::copy(scratch_.begin(), scratch_.end(), g.pages.begin() + static_cast<std::ptrdiff_t>(id * g.layers));
   g.refs[static_cast<std::size_t>(id)] = 1;
   ++g.live;
+  allocated_since_[static_cast<std::size_t>(group)].push_back(id);
   return id;
 }
 
@@ -78,6 +80,31 @@ std::span<const PageId> BlockPool::block_pages(int group, BlockId block) const {
 
 BlockId BlockPool::block_id_bound(int group) const {
   return static_cast<BlockId>(groups_.at(static_cast<std::size_t>(group)).refs.size());
+}
+
+std::int64_t BlockPool::max_blocks(int group) const {
+  const GroupBlocks& g = groups_.at(static_cast<std::size_t>(group));
+  return g.layers == 0 ? 0 : pools_[static_cast<std::size_t>(g.bucket)].num_pages() / g.layers;
+}
+
+PageTableChanges BlockPool::take_changes() {
+  PageTableChanges changes;
+  changes.groups.resize(groups_.size());
+  for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+    std::vector<BlockId>& ids = allocated_since_[gi];
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    const GroupBlocks& g = groups_[gi];
+    PageTableChanges::Group& out = changes.groups[gi];
+    for (BlockId id : ids) {
+      if (g.refs[static_cast<std::size_t>(id)] <= 0) continue;  // allocated and freed again
+      out.blocks.push_back(id);
+      const auto first = g.pages.begin() + static_cast<std::ptrdiff_t>(id * g.layers);
+      out.pages.insert(out.pages.end(), first, first + static_cast<std::ptrdiff_t>(g.layers));
+    }
+    ids.clear();
+  }
+  return changes;
 }
 
 }  // namespace dsv4

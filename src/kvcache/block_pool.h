@@ -20,6 +20,23 @@ namespace dsv4 {
 using BlockId = std::int32_t;
 inline constexpr BlockId kNoBlock = -1;
 
+// The pages of the blocks allocated since the last BlockPool::take_changes(): what an
+// executor's own copy of the page table (page of layer slot s of block b of group g) needs to
+// stay current. Plans name a block only while it is allocated, so freed blocks need no entry.
+struct PageTableChanges {
+  struct Group {
+    std::vector<BlockId> blocks;  // ascending, each once
+    std::vector<PageId> pages;    // [blocks.size() * layers]: block i's pages at [i * layers, (i + 1) * layers)
+  };
+  std::vector<Group> groups;      // one per cache group (CacheSpec order)
+
+  bool empty() const {
+    for (const Group& g : groups)
+      if (!g.blocks.empty()) return false;
+    return true;
+  }
+};
+
 class BlockPool {
  public:
   // `pages_per_bucket[i]` pages of size spec.buckets[i].
@@ -38,6 +55,12 @@ class BlockPool {
   std::span<const PageId> block_pages(int group, BlockId block) const;
   std::int64_t live_blocks(int group) const { return groups_[static_cast<std::size_t>(group)].live; }
   BlockId block_id_bound(int group) const;  // every id ever handed out is below this
+  // The most blocks group g can ever hold at once (its bucket's pages / pages per block): an
+  // upper bound of block_id_bound, for sizing page tables.
+  std::int64_t max_blocks(int group) const;
+
+  // The blocks allocated since the previous call that are still allocated, with their pages.
+  PageTableChanges take_changes();
 
  private:
   struct GroupBlocks {
@@ -53,6 +76,7 @@ class BlockPool {
 
   std::vector<PagePool> pools_;
   std::vector<GroupBlocks> groups_;
+  std::vector<std::vector<BlockId>> allocated_since_;  // per group, for take_changes
   std::vector<PageId> scratch_;
 };
 

@@ -7,17 +7,32 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "common/error.h"
+
 namespace dsv4 {
 namespace {
 
 [[noreturn]] void broken(const std::string& what) { throw std::logic_error("KvCacheManager: " + what); }
+
+constexpr std::int64_t kMaxPositions = 0x7fffffff;  // int32 positions and slots in step views
 
 std::size_t ix(std::int64_t i) { return static_cast<std::size_t>(i); }
 
 }  // namespace
 
 KvCacheManager::KvCacheManager(CacheSpec spec, const std::vector<std::int64_t>& pages_per_bucket, bool prefix_caching)
-    : spec_(std::move(spec)), pool_(spec_, pages_per_bucket), cache_(spec_, pool_), prefix_caching_(prefix_caching) {}
+    : spec_(std::move(spec)), pool_(spec_, pages_per_bucket), cache_(spec_, pool_), prefix_caching_(prefix_caching) {
+  // Step views carry slots as int32 (step_view.h).
+  for (int g = 0; g < spec_.num_groups(); ++g) {
+    const std::int64_t slots = pool_.max_blocks(g) * spec_.groups[ix(g)].entries_per_block();
+    if (slots > kMaxPositions) {
+      fail("KV cache: {} pages give {} {} slots, more than int32 slot numbers address (2^31 - 1); use fewer pages",
+           pages_per_bucket[ix(pool_.bucket_of(g))], slots, cache_kind_name(spec_.groups[ix(g)].kind));
+    }
+  }
+}
+
+PageTableChanges KvCacheManager::take_page_changes() { return pool_.take_changes(); }
 
 SequenceCache& KvCacheManager::seq(SeqId id) {
   auto it = seqs_.find(id);
@@ -26,13 +41,6 @@ SequenceCache& KvCacheManager::seq(SeqId id) {
 }
 
 const SequenceCache& KvCacheManager::sequence(SeqId id) const { return const_cast<KvCacheManager*>(this)->seq(id); }
-
-std::vector<SeqId> KvCacheManager::sequence_ids() const {
-  std::vector<SeqId> ids;
-  for (const auto& [id, s] : seqs_) ids.push_back(id);
-  std::sort(ids.begin(), ids.end());
-  return ids;
-}
 
 std::int64_t KvCacheManager::add_sequence(SeqId id, std::span<const std::int32_t> prompt) {
   if (seqs_.count(id) != 0) broken(fmt::format("sequence {} added twice", id));
@@ -275,19 +283,21 @@ StepView KvCacheManager::step_view(std::span<const StepSlice> slices) const {
     if (slice.num_tokens < 0 || end > s.num_allocated) {
       broken(fmt::format("step view of sequence {}: positions [{}, {}) are not allocated", slice.seq, start, end));
     }
+    if (end > kMaxPositions) broken(fmt::format("sequence {} reaches position {}, beyond 2^31 - 1", slice.seq, end));
     view.seqs.push_back(slice.seq);
-    view.row_start.push_back(start);
-    for (std::int64_t t = start; t < end; ++t) view.positions.push_back(t);
-    view.token_start.push_back(static_cast<std::int64_t>(view.positions.size()));
+    view.row_start.push_back(static_cast<std::int32_t>(start));
+    for (std::int64_t t = start; t < end; ++t) view.positions.push_back(static_cast<std::int32_t>(t));
+    view.token_start.push_back(static_cast<std::int32_t>(view.positions.size()));
     for (int g = 0; g < spec_.num_groups(); ++g) {
       const CacheGroup& group = spec_.groups[ix(g)];
       const BlockTable& table = s.tables[ix(g)];
       GroupStepView& out = view.groups[ix(g)];
-      for (std::int64_t t = start; t < end; ++t) out.slot_mapping.push_back(slot_of(group, table, t));
+      // Slots fit int32: the constructor checked max_blocks * entries_per_block.
+      for (std::int64_t t = start; t < end; ++t) out.slot_mapping.push_back(static_cast<std::int32_t>(slot_of(group, table, t)));
       const std::int64_t first = group.keep_from(start) / group.positions_per_block;
-      out.table_base.push_back(first);
+      out.table_base.push_back(static_cast<std::int32_t>(first));
       for (std::int64_t i = first; i < table.end(); ++i) out.block_ids.push_back(table.at(i));
-      out.table_start.push_back(static_cast<std::int64_t>(out.block_ids.size()));
+      out.table_start.push_back(static_cast<std::int32_t>(out.block_ids.size()));
     }
   }
   return view;

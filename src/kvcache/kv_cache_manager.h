@@ -12,6 +12,8 @@
 //                              returns kNoSpace (preempt someone, retry) or kNeverFits (this
 //                              request alone exceeds the pools) with a reason
 //   step_view(slices)          slot mappings and block tables for the executors
+//   take_page_changes()        the pages of blocks allocated since the last call, for the
+//                              executors' copies of the page table
 //   commit(id, token_ids)      those positions are written: registers newly full logical
 //                              blocks in the prefix cache and releases window/state blocks
 //                              that fell out of every window. May commit fewer than allocated
@@ -82,13 +84,16 @@ class KvCacheManager {
   void preempt(SeqId id);
 
   StepView step_view(std::span<const StepSlice> slices) const;
+  // The pages of blocks allocated since the last call (BlockPool::take_changes): whoever hands
+  // a plan to an executor takes them first, so the executor's page table covers every block
+  // the plan names.
+  PageTableChanges take_page_changes();
   std::int64_t slot(SeqId id, int group, std::int64_t position) const;  // -1 if none
   // The bytes of `slot` (a slot_mapping value >= 0) for layer `layer_slot` of the group.
   EntryAddress entry_address(int group, std::int64_t slot, std::int64_t layer_slot) const;
 
   bool has_sequence(SeqId id) const { return seqs_.count(id) != 0; }
   const SequenceCache& sequence(SeqId id) const;
-  std::vector<SeqId> sequence_ids() const;
   const CacheSpec& spec() const { return spec_; }
   const BlockPool& blocks() const { return pool_; }
   PrefixCache& prefix_cache() { return cache_; }

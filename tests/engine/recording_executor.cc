@@ -42,23 +42,28 @@ CacheOptions recording_cache_options() {
 RecordingExecutor::RecordingExecutor(ModelConfig config, CacheOptions options)
     : config_(std::move(config)), spec_(CacheSpec::build(config_, options)) {}
 
-void RecordingExecutor::allocate_cache(std::span<const std::int64_t> pages_per_bucket) {
-  if (pages_per_bucket.size() != spec_.buckets.size()) bad("allocate_cache: wrong bucket count");
+void RecordingExecutor::allocate(std::span<const std::int64_t> pages_per_bucket, const StepLimits& /*limits*/) {
+  if (pages_per_bucket.size() != spec_.buckets.size()) bad("allocate: wrong bucket count");
   memory_.assign(pages_per_bucket.size(), {});
   for (std::size_t b = 0; b < pages_per_bucket.size(); ++b) memory_[b].assign(ix(pages_per_bucket[b] * spec_.buckets[b]), 0);
+  pages_ = PageTable(spec_, pages_per_bucket);
 }
 
-std::uint8_t* RecordingExecutor::entry_bytes(const BlockPool& blocks, int g, std::int64_t slot, std::int64_t layer_slot) {
-  return const_cast<std::uint8_t*>(std::as_const(*this).entry_bytes(blocks, g, slot, layer_slot));
+std::uint8_t* RecordingExecutor::entry_bytes(int g, std::int64_t slot, std::int64_t layer_slot) {
+  return const_cast<std::uint8_t*>(std::as_const(*this).entry_bytes(g, slot, layer_slot));
 }
 
-const std::uint8_t* RecordingExecutor::entry_bytes(const BlockPool& blocks, int g, std::int64_t slot,
-                                                   std::int64_t layer_slot) const {
+const std::uint8_t* RecordingExecutor::entry_bytes(int g, std::int64_t slot, std::int64_t layer_slot) const {
   const CacheGroup& group = spec_.groups[ix(g)];
   const std::int64_t per_block = group.entries_per_block();
   const auto block = static_cast<BlockId>(slot / per_block);
-  if (blocks.ref_count(g, block) <= 0) bad(fmt::format("{} slot {} is in free block {}", cache_kind_name(group.kind), slot, block));
-  const PageId page = blocks.block_pages(g, block)[ix(layer_slot)];
+  if (checked_pool != nullptr && checked_pool->ref_count(g, block) <= 0) {
+    bad(fmt::format("{} slot {} is in free block {}", cache_kind_name(group.kind), slot, block));
+  }
+  const PageId page = pages_.page(g, block, layer_slot);
+  if (checked_pool != nullptr && checked_pool->block_pages(g, block)[ix(layer_slot)] != page) {
+    bad(fmt::format("{} block {}: the executor's page table is stale", cache_kind_name(group.kind), block));
+  }
   const auto& mem = memory_[ix(group.bucket)];
   const std::int64_t offset = page * group.page_bytes + group.layout().data_offset(slot % per_block);
   if (offset + static_cast<std::int64_t>(sizeof(Record)) > static_cast<std::int64_t>(mem.size())) bad("page outside the cache memory");
@@ -81,7 +86,7 @@ std::int64_t RecordingExecutor::table_slot(const StepPlan& plan, int g, std::siz
   return static_cast<std::int64_t>(block) * per_block + entry % per_block;
 }
 
-RecordingExecutor::Record RecordingExecutor::read(const StepPlan& plan, const BlockPool& blocks, int g, std::size_t row,
+RecordingExecutor::Record RecordingExecutor::read(const StepPlan& plan, int g, std::size_t row,
                                                   std::int64_t position) const {
   const CacheGroup& group = spec_.groups[ix(g)];
   const std::int64_t entry = position / group.tokens_per_entry;
@@ -89,7 +94,7 @@ RecordingExecutor::Record RecordingExecutor::read(const StepPlan& plan, const Bl
   Record first{};
   for (std::int64_t s = 0; s < group.num_layers(); ++s) {
     Record r{};
-    std::memcpy(&r, entry_bytes(blocks, g, slot, s), sizeof r);
+    std::memcpy(&r, entry_bytes(g, slot, s), sizeof r);
     if (r.magic != kMagic || r.position != position) {
       bad(fmt::format("row {} reads {} position {} (layer slot {}): found magic {:#x} position {}", row,
                       cache_kind_name(group.kind), position, s, r.magic, r.position));
@@ -103,11 +108,24 @@ RecordingExecutor::Record RecordingExecutor::read(const StepPlan& plan, const Bl
   return first;
 }
 
-void RecordingExecutor::execute(const StepPlan& plan, const BlockPool& blocks, std::span<float> logits) {
+void RecordingExecutor::launch(const StepPlan& plan) {
+  if (launched_ != nullptr) bad("launch twice without collect");
+  pages_.apply(plan.page_changes);
+  launched_ = &plan;
+}
+
+void RecordingExecutor::collect(std::span<float> logits) {
+  if (launched_ == nullptr) bad("collect without launch");
+  const StepPlan& plan = *launched_;
+  launched_ = nullptr;
+  execute_step(plan, logits);
+}
+
+void RecordingExecutor::execute_step(const StepPlan& plan, std::span<float> logits) {
   const StepView& v = plan.view;
   StepRecord record;
   record.num_tokens = plan.num_tokens();
-  record.logits_tokens = plan.logits_tokens;
+  record.logits_tokens.assign(plan.logits_tokens.begin(), plan.logits_tokens.end());
   for (std::size_t r = 0; r < v.seqs.size(); ++r) {
     record.seqs.push_back(v.seqs[r]);
     record.row_start.push_back(v.row_start[r]);
@@ -130,7 +148,7 @@ void RecordingExecutor::execute(const StepPlan& plan, const BlockPool& blocks, s
       const std::int64_t p = v.positions[ix(t)];
       if (p != v.row_start[r] + (t - v.token_start[r])) bad("positions are not consecutive within a row");
       const std::int32_t x = plan.token_ids[ix(t)];
-      const std::uint64_t prev = p == 0 ? kStartHash : read(plan, blocks, window, r, p - 1).hash;
+      const std::uint64_t prev = p == 0 ? kStartHash : read(plan, window, r, p - 1).hash;
       const std::uint64_t h = mix(mix(prev, static_cast<std::uint64_t>(x)), static_cast<std::uint64_t>(p));
       const Record rec{kMagic, x, p, h};
       for (int g = 0; g < spec_.num_groups(); ++g) {
@@ -144,7 +162,7 @@ void RecordingExecutor::execute(const StepPlan& plan, const BlockPool& blocks, s
         }
         const std::int64_t expected = table_slot(plan, g, r, p / group.tokens_per_entry);
         if (slot != expected) bad(fmt::format("{} position {}: slot {} but the block table says {}", cache_kind_name(group.kind), p, slot, expected));
-        for (std::int64_t s = 0; s < group.num_layers(); ++s) std::memcpy(entry_bytes(blocks, g, slot, s), &rec, sizeof rec);
+        for (std::int64_t s = 0; s < group.num_layers(); ++s) std::memcpy(entry_bytes(g, slot, s), &rec, sizeof rec);
       }
       if (next_logits < plan.logits_tokens.size() && plan.logits_tokens[next_logits] == t) {
         std::uint64_t fold = h;
@@ -155,13 +173,13 @@ void RecordingExecutor::execute(const StepPlan& plan, const BlockPool& blocks, s
             // Only positions from before the step are in the cache, and which those are depends
             // on the chunking, so they are checked against the window instead of folded in.
             for (std::int64_t q = first; q < v.row_start[r]; ++q) {
-              if (read(plan, blocks, g, r, q).hash != read(plan, blocks, window, r, q).hash) {
+              if (read(plan, g, r, q).hash != read(plan, window, r, q).hash) {
                 bad(fmt::format("{} position {} disagrees with the window", cache_kind_name(group.kind), q));
               }
             }
             continue;
           }
-          for (std::int64_t q = first; q <= p; q += group.tokens_per_entry) fold = mix(fold, read(plan, blocks, g, r, q).hash);
+          for (std::int64_t q = first; q <= p; q += group.tokens_per_entry) fold = mix(fold, read(plan, g, r, q).hash);
         }
         float* row = logits.data() + next_logits * ix(vocab);
         for (std::int64_t tok = 0; tok < vocab; ++tok) {

@@ -20,7 +20,8 @@
 #include <optional>
 #include <vector>
 
-#include "engine/executor.h"
+#include "executor/executor.h"
+#include "executor/page_table.h"
 #include "kvcache/cache_spec.h"
 #include "model/model_config.h"
 
@@ -46,11 +47,15 @@ class RecordingExecutor : public Executor {
 
   const ModelConfig& config() const override { return config_; }
   const CacheSpec& cache_spec() const override { return spec_; }
-  void allocate_cache(std::span<const std::int64_t> pages_per_bucket) override;
-  void execute(const StepPlan& plan, const BlockPool& blocks, std::span<float> logits) override;
+  void allocate(std::span<const std::int64_t> pages_per_bucket, const StepLimits& limits) override;
+  void launch(const StepPlan& plan) override;
+  void collect(std::span<float> logits) override;
+  void set_inspector(Inspector*) override {}
 
   std::vector<StepRecord> steps;
-  std::optional<std::int64_t> throw_for_seq;  // execute throws when this sequence is in a step
+  std::optional<std::int64_t> throw_for_seq;  // collect throws when this sequence is in a step
+  // When set (the KV cache manager's pool), every entry read or written must be in a live block.
+  const BlockPool* checked_pool = nullptr;
 
  private:
   struct Record {
@@ -61,14 +66,17 @@ class RecordingExecutor : public Executor {
   };
   // Reads the entry of `position` (a compressed group: the entry that position completes) of
   // group g through row r's block table; checks all layers agree and the position matches.
-  Record read(const StepPlan& plan, const BlockPool& blocks, int g, std::size_t row, std::int64_t position) const;
+  void execute_step(const StepPlan& plan, std::span<float> logits);
+  Record read(const StepPlan& plan, int g, std::size_t row, std::int64_t position) const;
   std::int64_t table_slot(const StepPlan& plan, int g, std::size_t row, std::int64_t entry) const;
-  std::uint8_t* entry_bytes(const BlockPool& blocks, int g, std::int64_t slot, std::int64_t layer_slot);
-  const std::uint8_t* entry_bytes(const BlockPool& blocks, int g, std::int64_t slot, std::int64_t layer_slot) const;
+  std::uint8_t* entry_bytes(int g, std::int64_t slot, std::int64_t layer_slot);
+  const std::uint8_t* entry_bytes(int g, std::int64_t slot, std::int64_t layer_slot) const;
 
   ModelConfig config_;
   CacheSpec spec_;
   std::vector<std::vector<std::uint8_t>> memory_;  // per bucket
+  PageTable pages_;
+  const StepPlan* launched_ = nullptr;
 };
 
 }  // namespace dsv4::test

@@ -56,6 +56,7 @@ TEST(Engine, PreemptionUnderATinyCacheKeepsOutputs) {
   const Workload w = mixed_workload(16, 60);
   RecordingExecutor big_ex;
   Engine big(big_ex, engine_config(512, 16, big_cache(big_ex)));
+  big_ex.checked_pool = &big.kv_cache().blocks();
   const auto reference = run(big, w);
   for (const Finished& f : reference) {
     ASSERT_EQ(f.last.finish_reason, FinishReason::kLength) << f.last.error;
@@ -66,6 +67,7 @@ TEST(Engine, PreemptionUnderATinyCacheKeepsOutputs) {
   for (bool prefix : {true, false}) {
     RecordingExecutor ex;
     Engine tiny(ex, engine_config(128, 16, tiny_cache(ex), prefix));
+    ex.checked_pool = &tiny.kv_cache().blocks();
     const auto results = run(tiny, w);
     EXPECT_GT(tiny.stats().num_preemptions, 0) << "prefix caching " << prefix;
     std::printf("prefix caching %d: %lld preemptions, %lld tokens computed (%lld without preemption)\n", prefix,
@@ -81,11 +83,13 @@ TEST(Engine, ARequestTooLongForTheCacheFailsAlone) {
   const Workload w = mixed_workload(6);
   RecordingExecutor big_ex;
   Engine big(big_ex, engine_config(256, 16, big_cache(big_ex)));
+  big_ex.checked_pool = &big.kv_cache().blocks();
   const auto reference = run(big, w);
 
   RecordingExecutor ex;
   const std::vector<std::int64_t> pages = tiny_cache(ex);
   Engine engine(ex, engine_config(256, 16, pages));
+  ex.checked_pool = &engine.kv_cache().blocks();
   // Too long from the start: rejected when added.
   const RequestId huge = engine.add_request(random_tokens(9, 3000), greedy(10));
   // Fits at first, but outgrows the whole cache while decoding: find where a sequence stops fitting.
@@ -121,6 +125,7 @@ TEST(Engine, MaxModelLenBoundsPromptAndOutput) {
   EngineConfig config = engine_config(256, 8, big_cache(ex));
   config.max_model_len = 600;
   Engine engine(ex, config);
+  ex.checked_pool = &engine.kv_cache().blocks();
   const RequestId full = engine.add_request(random_tokens(1, 600), greedy(1));
   const RequestId over = engine.add_request(random_tokens(2, 500), greedy(101));
   SamplingParams open = greedy(1);
@@ -144,6 +149,7 @@ TEST(Engine, AbortFreesTheCache) {
   for (bool prefix : {false, true}) {
     RecordingExecutor ex;
     Engine engine(ex, engine_config(256, 8, big_cache(ex), prefix));
+    ex.checked_pool = &engine.kv_cache().blocks();
     KvCacheManager& kv = engine.kv_cache();
     const RequestId a = engine.add_request(random_tokens(1, 700), greedy(100));
     const RequestId b = engine.add_request(random_tokens(2, 100), greedy(100));
@@ -192,11 +198,13 @@ TEST(Engine, PrefixCachingReusesASharedPrefix) {
 
   RecordingExecutor ref_ex;
   Engine reference(ref_ex, engine_config(256, 8, big_cache(ref_ex), /*prefix_caching=*/false));
+  ref_ex.checked_pool = &reference.kv_cache().blocks();
   const auto expected = reference.generate(prompts, params);
   EXPECT_EQ(reference.stats().prefix_hit_tokens, 0);
 
   RecordingExecutor ex;
   Engine engine(ex, engine_config(256, 8, big_cache(ex)));
+  ex.checked_pool = &engine.kv_cache().blocks();
   // One after the other.
   const RequestOutput first = engine.generate({prompts[0]}, {params[0]})[0];
   EXPECT_EQ(first.num_cached_tokens, 0);
@@ -230,6 +238,7 @@ TEST(Engine, StopTokensMaxTokensAndEos) {
   const std::vector<std::int32_t> prompt = random_tokens(70, 300);
   RecordingExecutor ex;
   Engine engine(ex, engine_config(256, 8, big_cache(ex)));
+  ex.checked_pool = &engine.kv_cache().blocks();
   const std::vector<std::int32_t> ref = engine.generate({prompt}, {greedy(20)})[0].new_tokens;
   ASSERT_EQ(ref.size(), 20u);
   const std::int32_t stop = ref[5];
@@ -254,6 +263,7 @@ TEST(Engine, StopTokensMaxTokensAndEos) {
   config.eos_token_id = stop;
   RecordingExecutor eos_ex(config);
   Engine eos_engine(eos_ex, engine_config(256, 8, big_cache(eos_ex)));
+  eos_ex.checked_pool = &eos_engine.kv_cache().blocks();
   out = eos_engine.generate({prompt}, {greedy(20, /*ignore_eos=*/false)})[0];
   EXPECT_EQ(out.finish_reason, FinishReason::kStop);
   EXPECT_EQ(out.new_tokens, upto);
@@ -270,10 +280,12 @@ TEST(Engine, SeededSamplingIsIndependentOfTheBatch) {
   params.top_p = 1.0;
   RecordingExecutor ex1;
   Engine alone(ex1, engine_config(256, 8, big_cache(ex1)));
+  ex1.checked_pool = &alone.kv_cache().blocks();
   const auto solo = alone.generate({prompt}, {params})[0].new_tokens;
 
   RecordingExecutor ex2;
   Engine crowded(ex2, engine_config(96, 8, big_cache(ex2)));
+  ex2.checked_pool = &crowded.kv_cache().blocks();
   for (int i = 0; i < 6; ++i) crowded.add_request(random_tokens(static_cast<std::uint64_t>(90 + i), 50 + 30 * i), random_sampling(40, static_cast<std::uint64_t>(i)));
   EXPECT_EQ(crowded.generate({prompt}, {params})[0].new_tokens, solo);
 
@@ -285,11 +297,14 @@ TEST(Engine, ScoreGivesTheSameLogitsForEveryChunking) {
   const std::vector<std::int32_t> tokens = random_tokens(60, 600);
   RecordingExecutor ex;
   Engine engine(ex, engine_config(256, 8, big_cache(ex)));
+  ex.checked_pool = &engine.kv_cache().blocks();
   const std::vector<float> one_shot = engine.score(tokens, 0, 600);
   ASSERT_EQ(one_shot.size(), 600u * 64);
-  ASSERT_EQ(ex.steps.size(), 1u);
-  EXPECT_EQ(ex.steps[0].num_tokens, 600);
-  EXPECT_EQ(ex.steps[0].logits_tokens.size(), 600u);
+  // "One shot" is as large as the engine's step budget (256 tokens) allows.
+  ASSERT_EQ(ex.steps.size(), 3u);
+  EXPECT_EQ(ex.steps[0].num_tokens, 256);
+  EXPECT_EQ(ex.steps[2].num_tokens, 88);
+  EXPECT_EQ(ex.steps[0].logits_tokens.size(), 256u);
 
   const std::size_t before = ex.steps.size();
   EXPECT_EQ(engine.score(tokens, 100, 600), one_shot);
@@ -328,6 +343,7 @@ TEST(Engine, ScoreGivesTheSameLogitsForEveryChunking) {
 TEST(Engine, AnExecutorFailureFailsOnlyThatStepsRequests) {
   RecordingExecutor ex;
   Engine engine(ex, engine_config(256, 8, big_cache(ex)));
+  ex.checked_pool = &engine.kv_cache().blocks();
   const RequestId a = engine.add_request(random_tokens(1, 100), greedy(5));
   ex.throw_for_seq = a;
   const auto outputs = engine.step();
@@ -345,6 +361,7 @@ TEST(Engine, AnExecutorFailureFailsOnlyThatStepsRequests) {
 TEST(Engine, RequestsAndAbortsFromAnotherThread) {
   RecordingExecutor ex;
   Engine engine(ex, engine_config(128, 8, big_cache(ex)));
+  ex.checked_pool = &engine.kv_cache().blocks();
   std::atomic<bool> done{false};
   std::vector<RequestId> ids;
   std::thread client([&] {
@@ -385,6 +402,7 @@ TEST(Engine, RequestsAndAbortsFromAnotherThread) {
 TEST(Engine, StatsCountRequestsTokensAndCache) {
   RecordingExecutor ex;
   Engine engine(ex, engine_config(128, 2, big_cache(ex)));
+  ex.checked_pool = &engine.kv_cache().blocks();
   for (int i = 0; i < 4; ++i) engine.add_request(random_tokens(static_cast<std::uint64_t>(i), 100), greedy(10));
   EngineStats s = engine.stats();
   EXPECT_EQ(s.num_steps, 0);

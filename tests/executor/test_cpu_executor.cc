@@ -40,7 +40,7 @@ class TinyModel : public ::testing::Test {
       pages[static_cast<std::size_t>(g.bucket)] +=
           (static_cast<std::int64_t>(tokens.size()) / g.positions_per_block + 2) * g.num_layers();
     KvCacheManager cache(spec, pages, /*prefix_caching=*/false);
-    exec.allocate_cache(pages);
+    exec.allocate(pages, StepLimits{static_cast<std::int64_t>(tokens.size()), 1});
     const std::int64_t V = exec.config().vocab_size;
     std::vector<float> logits(tokens.size() * static_cast<std::size_t>(V));
     EXPECT_EQ(cache.add_sequence(1, tokens), 0);
@@ -53,9 +53,10 @@ class TinyModel : public ::testing::Test {
       plan.view = cache.step_view(std::span<const StepSlice>(&slice, 1));
       plan.token_ids.assign(tokens.begin() + static_cast<std::ptrdiff_t>(done),
                             tokens.begin() + static_cast<std::ptrdiff_t>(done + static_cast<std::size_t>(n)));
-      for (std::int64_t t = 0; t < n; ++t) plan.logits_tokens.push_back(t);
-      exec.execute(plan, cache.blocks(),
-                   std::span<float>(logits).subspan(done * static_cast<std::size_t>(V), static_cast<std::size_t>(n * V)));
+      for (std::int64_t t = 0; t < n; ++t) plan.logits_tokens.push_back(static_cast<std::int32_t>(t));
+      plan.page_changes = cache.take_page_changes();
+      finish_step_plan(plan, spec);
+      exec.execute(plan, std::span<float>(logits).subspan(done * static_cast<std::size_t>(V), static_cast<std::size_t>(n * V)));
       cache.commit(1, plan.token_ids);
       cache.check_invariants();
       done += static_cast<std::size_t>(n);

@@ -1,4 +1,4 @@
-// Layer-by-layer taps (cpu/dump_recorder.h): the dumps of one-shot prefill, chunked prefill
+// Layer-by-layer taps (executor/dump_recorder.h): the dumps of one-shot prefill, chunked prefill
 // and decode agree exactly, and the recorded key sets obey SPEC.md 3.2's causality rules.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -9,7 +9,7 @@
 
 #include "common/npy.h"
 #include "cpu/cpu_executor.h"
-#include "cpu/dump_recorder.h"
+#include "executor/dump_recorder.h"
 #include "engine/engine.h"
 #include "model/presets.h"
 #include "model/synthetic_checkpoint.h"

@@ -130,9 +130,9 @@ TEST_F(ManagerTest, StepViewMixesSequencesAtDifferentBoundaries) {
   ASSERT_TRUE(m.allocate(2, 2).ok());  // positions 3 (completes c4 entry 0) and 4
   const std::vector<StepSlice> slices = {{1, 1}, {2, 2}};
   const StepView v = m.step_view(slices);
-  EXPECT_EQ(v.positions, (std::vector<std::int64_t>{127, 3, 4}));
-  EXPECT_EQ(v.token_start, (std::vector<std::int64_t>{0, 1, 3}));
-  EXPECT_EQ(v.row_start, (std::vector<std::int64_t>{127, 3}));
+  EXPECT_EQ(v.positions, (std::vector<std::int32_t>{127, 3, 4}));
+  EXPECT_EQ(v.token_start, (std::vector<std::int32_t>{0, 1, 3}));
+  EXPECT_EQ(v.row_start, (std::vector<std::int32_t>{127, 3}));
   const auto& hca = v.groups[static_cast<std::size_t>(g(CacheKind::kHcaKv))].slot_mapping;
   EXPECT_GE(hca[0], 0);
   EXPECT_EQ(hca[1], -1);
@@ -141,7 +141,7 @@ TEST_F(ManagerTest, StepViewMixesSequencesAtDifferentBoundaries) {
   EXPECT_GE(csa[1], 0);
   EXPECT_EQ(csa[2], -1);
   const auto& state = v.groups[static_cast<std::size_t>(g(CacheKind::kCsaState))];
-  EXPECT_EQ(state.table_base, (std::vector<std::int64_t>{15, 0}));  // keep_from(127) = 120 -> block 15
+  EXPECT_EQ(state.table_base, (std::vector<std::int32_t>{15, 0}));  // keep_from(127) = 120 -> block 15
   for (std::size_t t = 0; t < 3; ++t) EXPECT_GE(state.slot_mapping[t], 0);
 }
 

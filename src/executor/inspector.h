@@ -1,4 +1,4 @@
-// Inspector: taps into the CPU executor for layer-by-layer comparison with other engines
+// Inspector: taps into an executor (CPU or GPU) for layer-by-layer comparison with other engines
 // (`dsv4 logits --dump-hidden / --dump-attention`, docs/inspection.md). The executor calls
 // it once per layer of every step, after the block, with the step's tokens identified by
 // (sequence, position), so a recorder can assemble whole sequences across chunked prefill

@@ -1,4 +1,4 @@
-#include "cpu/dump_recorder.h"
+#include "executor/dump_recorder.h"
 
 #include <fmt/format.h>
 

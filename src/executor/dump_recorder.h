@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "cpu/inspector.h"
+#include "executor/inspector.h"
 #include "model/model_config.h"
 
 namespace dsv4 {
