@@ -123,7 +123,7 @@ void fp8_simulate_kv_nope(std::span<float> kv, std::int64_t rope_dim) {
 }
 
 void compressor_finish(std::span<float> entry, std::span<const float> norm_weight, const RopeTable& rope,
-                       std::int64_t block_index, const CompressorParams& p) {
+                       std::int64_t block_index, const CompressorParams& p, bool simulate_quant) {
   const char* who = "compressor_finish";
   check_params(p, who);
   expect(static_cast<std::int64_t>(entry.size()) == p.head_dim, who, "entry", entry.size(), p.head_dim);
@@ -138,18 +138,19 @@ void compressor_finish(std::span<float> entry, std::span<const float> norm_weigh
   rms_norm(entry, 1, norm_weight, p.norm_eps, entry);
   rope_heads_bf16(entry, p.head_dim, rope, block_index * p.ratio);
   if (p.kind == CompressorKind::kAttention) {
-    fp8_simulate_kv_nope(entry, p.rope_dim);
+    if (simulate_quant) fp8_simulate_kv_nope(entry, p.rope_dim);
   } else {
     hadamard_transform(entry);
     for (float& v : entry) v = round_to_bf16(v);
-    simulate_quant_blocks(entry, kIndexerFp4Block, QuantFormat::kFp4E2m1);
+    if (simulate_quant) simulate_quant_blocks(entry, kIndexerFp4Block, QuantFormat::kFp4E2m1);
   }
 }
 
 void compressor_entry(std::span<const float> ring, std::int64_t block_index, std::span<const float> norm_weight,
-                      const RopeTable& rope, const CompressorParams& p, std::span<float> entry) {
+                      const RopeTable& rope, const CompressorParams& p, std::span<float> entry,
+                      bool simulate_quant) {
   compressor_pool(ring, block_index > 0, p, entry);
-  compressor_finish(entry, norm_weight, rope, block_index, p);
+  compressor_finish(entry, norm_weight, rope, block_index, p, simulate_quant);
 }
 
 }  // namespace dsv4

@@ -70,13 +70,17 @@ void compressor_shift(std::span<float> ring, const CompressorParams& params);
 void compressor_pool(std::span<const float> ring, bool has_previous, const CompressorParams& params,
                      std::span<float> entry);
 
-// In place on the pooled entry [hd]: bf16, norm, RoPE at block_index * r, quantization.
+// In place on the pooled entry [hd]: bf16, norm, RoPE at block_index * r, (indexer: Hadamard,)
+// quantization. With simulate_quant false the last step (the FP8 / FP4 simulation) is left to
+// the cache encoder, which quantizes the same values once (cache_codec.h): that is what the
+// executors store, so CPU and GPU write the same bytes.
 void compressor_finish(std::span<float> entry, std::span<const float> norm_weight, const RopeTable& rope,
-                       std::int64_t block_index, const CompressorParams& params);
+                       std::int64_t block_index, const CompressorParams& params, bool simulate_quant = true);
 
 // compressor_pool then compressor_finish for entry j = block_index.
 void compressor_entry(std::span<const float> ring, std::int64_t block_index, std::span<const float> norm_weight,
-                      const RopeTable& rope, const CompressorParams& params, std::span<float> entry);
+                      const RopeTable& rope, const CompressorParams& params, std::span<float> entry,
+                      bool simulate_quant = true);
 
 // The rope-dims-then-FP8 tail shared with the window kv (SPEC 3.2 step 2): dims [0, n - rope)
 // FP8-simulated in blocks of 64, the last rope dims untouched.

@@ -440,7 +440,7 @@ void CpuExecutor::write_compressed_entries(Step& s, const CpuBlockWeights& w, bo
                   static_cast<std::size_t>(cp.slot_floats()) * sizeof(float));
     }
     std::vector<float> entry(static_cast<std::size_t>(hd));
-    compressor_entry(ring, j, norm, rope, cp, entry);
+    compressor_entry(ring, j, norm, rope, cp, entry, /*simulate_quant=*/false);  // the encoder quantizes once
     const std::int64_t slot = s.write_slot(entry_group, t);
     std::uint8_t* data = entry_ptr(entry_group, w.layer, slot, false);
     std::uint8_t* scales = entry_ptr(entry_group, w.layer, slot, true);
