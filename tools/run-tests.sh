@@ -3,13 +3,15 @@
 # briefly under ASan/UBSan in a clang build. Used by CI (.ci/run).
 #   DSV4_FUZZ_SECONDS=N   seconds per fuzz target (default 20; 0 skips fuzzing)
 #   DSV4_TEST_ARGS=...    extra ctest arguments (e.g. "-LE long" is the default)
+#   DSV4_WERROR=ON        warnings are errors (CI and developers; off for users)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install-deps.sh
 jobs=$(nproc)
 fuzz_seconds=${DSV4_FUZZ_SECONDS:-20}
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+# The same build directory and type as tools/quickstart.sh, so a CI run of both builds once.
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_WERROR="${DSV4_WERROR:-OFF}"
 cmake --build build -j"$jobs"
 
 if [ "$fuzz_seconds" != 0 ]; then
