@@ -57,7 +57,7 @@ Engine::Engine(Executor& executor, std::unique_ptr<Executor>&& owned, EngineConf
   config_.cache_pages = pages;
   kv_ = std::make_unique<KvCacheManager>(spec, pages, config_.prefix_caching);
   scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens}, *kv_);
-  executor_.allocate(pages, StepLimits{config_.max_num_batched_tokens, config_.max_num_seqs});
+  executor_.allocate(pages, StepLimits{config_.max_num_batched_tokens, config_.max_num_seqs, config_.max_model_len});
   seed_base_ = (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
 }
 

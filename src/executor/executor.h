@@ -20,8 +20,9 @@ namespace dsv4 {
 
 // The largest steps the caller will plan: executors with fixed scratch (a GPU) size it so.
 struct StepLimits {
-  std::int64_t max_tokens = 0;  // step tokens
-  std::int64_t max_rows = 0;    // sequences in a step
+  std::int64_t max_tokens = 0;   // step tokens
+  std::int64_t max_rows = 0;     // sequences in a step
+  std::int64_t max_context = 0;  // positions of one sequence (max_model_len)
 };
 
 class Executor {
