@@ -2,7 +2,7 @@
 # Runs every CPU test: the unit and CLI tests (ctest), then the parsers' fuzz targets
 # briefly under ASan/UBSan in a clang build. Used by CI (.ci/run).
 #   DSV4_FUZZ_SECONDS=N   seconds per fuzz target (default 20; 0 skips fuzzing)
-#   DSV4_TEST_ARGS=...    extra ctest arguments (e.g. "-LE long" is the default)
+#   DSV4_TEST_ARGS=...    extra ctest arguments (default "-LE long|gpu": gpu tests need a GPU)
 #   DSV4_WERROR=ON        warnings are errors (CI and developers; off for users)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,4 +22,4 @@ if [ "$fuzz_seconds" != 0 ]; then
   (cd build-fuzz && ctest -L fuzz --output-on-failure)
 fi
 
-ctest --test-dir build --output-on-failure -j"$jobs" ${DSV4_TEST_ARGS:--LE long}
+ctest --test-dir build --output-on-failure -j"$jobs" ${DSV4_TEST_ARGS:--LE long|gpu}

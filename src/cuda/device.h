@@ -1,0 +1,231 @@
+// The portable kernel language: every .cu file includes this header and uses only what it
+// provides, so the same source builds two ways (cmake/Dsv4Gpu.cmake does both):
+//
+//   real: nvcc (__CUDACC__): CUDA itself, plus the dsv4::gpu wrappers below as inline PTX.
+//   sim:  the host C++ compiler with DSV4_SIM=1: cuda/sim/simt.h provides the same names and runs
+//         kernels on the SIMT simulator (docs/gpu-simulator.md), so kernel logic is tested on
+//         machines without a GPU.
+//
+// Provided in both modes (global namespace, as CUDA has them):
+//   keywords   __global__ __device__ __host__ __forceinline__ __restrict__ __shared__
+//              __launch_bounds__(...) __align__(n); __CUDA_ARCH__ is defined only in nvcc's
+//              device pass (never in the simulator).
+//   built-ins  threadIdx blockIdx blockDim gridDim, dim3, uint3, the vector types (float2, float4,
+//              int4, uint2, uint4, ... with make_*), warpSize
+//   barriers   __syncthreads (+ _count/_and/_or), __syncwarp(mask), __threadfence(_block)
+//   warp ops   __shfl_sync/__shfl_up_sync/__shfl_down_sync/__shfl_xor_sync (int, unsigned, long,
+//              long long and unsigned variants, float, double, bf16, bf162; width), __ballot_sync,
+//              __any_sync, __all_sync, __reduce_{add,min,max}_sync (int/unsigned),
+//              __reduce_{and,or,xor}_sync, __match_any_sync, __match_all_sync
+//   atomics    atomicAdd/Sub/Exch/Min/Max/And/Or/Xor/Inc/Dec/CAS (CUDA's overloads)
+//   math       <cmath>'s float functions unqualified, rsqrtf, __expf, __logf, __fdividef,
+//              __frcp_rn, __fsqrt_rn, __fadd_rn, __fmul_rn, __fmaf_rn, __saturatef, bit casts
+//              (__float_as_uint, ...), __clz, __popc, __ffs, __brev, __byte_perm, __funnelshift_*,
+//              __umulhi, min/max overloads, __ldg
+//   bf16       __nv_bfloat16, __nv_bfloat162, __float2bfloat16(_rn), __bfloat162float,
+//              __floats2bfloat162_rn, __bfloat1622float2, __low2float, __high2float
+//   macros     DSV4_DYNAMIC_SMEM(T, name), DSV4_DEVICE_ASSERT(cond)
+// and in namespace dsv4::gpu: launch, set_max_dynamic_smem, the mma wrappers and cp.async.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "cuda/stream_handle.h"
+
+#if defined(__CUDACC__)
+// =====================================================================================
+// real: nvcc
+// =====================================================================================
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+
+#include "cuda/runtime.h"
+
+// T* name = the block's dynamic shared memory (128-byte aligned).
+#define DSV4_DYNAMIC_SMEM(T, name)                                      \
+  extern __shared__ __align__(128) unsigned char dsv4_dyn_smem[];      \
+  T* name = reinterpret_cast<T*>(dsv4_dyn_smem)
+
+// Prints the condition with block and thread, then traps (the launch's stream fails).
+#define DSV4_DEVICE_ASSERT(cond)                                                                      \
+  do {                                                                                                \
+    if (!(cond)) {                                                                                    \
+      printf("%s:%d: device assertion `%s` failed in block (%u,%u,%u) thread (%u,%u,%u)\n", __FILE__, \
+             __LINE__, #cond, blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y,          \
+             threadIdx.z);                                                                            \
+      __trap();                                                                                       \
+    }                                                                                                 \
+  } while (0)
+
+namespace dsv4::gpu {
+
+inline constexpr bool kSimulated = false;
+
+// kernel<<<grid, block, smem_bytes, stream>>>(args...), then a check of cudaGetLastError() that
+// throws dsv4::Error naming the kernel and the launch configuration.
+template <class... P, class... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem_bytes, gpu_stream_t stream,
+            A&&... args) {
+  static_assert(sizeof...(P) == sizeof...(A), "gpu::launch: wrong number of kernel arguments");
+  kernel<<<grid, block, smem_bytes, stream>>>(std::forward<A>(args)...);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    const unsigned g[3] = {grid.x, grid.y, grid.z};
+    const unsigned b[3] = {block.x, block.y, block.z};
+    detail::launch_failed(reinterpret_cast<const void*>(kernel), static_cast<int>(err), g, b, smem_bytes);
+  }
+}
+
+// Allows launches of `kernel` with up to `bytes` of dynamic shared memory (above the default
+// 48 KB; at most the device's max_smem_optin, 227 KB on H100/H200).
+template <class... P>
+void set_max_dynamic_smem(void (*kernel)(P...), std::size_t bytes) {
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    detail::set_max_dynamic_smem_failed(reinterpret_cast<const void*>(kernel), static_cast<int>(err), bytes);
+  }
+}
+
+// D = A * B + C for one warp: A 16x32 e4m3 (row), B 32x8 e4m3 (col), C and D 16x8 fp32. Fragments
+// per the PTX ISA "Matrix Fragments for mma.m16n8k32" (g = lane / 4, t = lane % 4):
+//   a[0]: row g, k 4t..4t+3; a[1]: row g+8, k 4t..; a[2]: row g, k 16+4t..; a[3]: row g+8, k 16+4t..
+//   b[0]: col g, k 4t..4t+3; b[1]: col g, k 16+4t..     (lowest k in the lowest byte)
+//   c/d[0..1]: row g, cols 2t, 2t+1; c/d[2..3]: row g+8, cols 2t, 2t+1
+__device__ __forceinline__ void mma_m16n8k32_e4m3(float (&d)[4], const std::uint32_t (&a)[4],
+                                                  const std::uint32_t (&b)[2], const float (&c)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+        "f"(c[3]));
+}
+
+// D = A * B + C for one warp: A 16x16 bf16 (row), B 16x8 bf16 (col), C and D 16x8 fp32. Fragments
+// per the PTX ISA "Matrix Fragments for mma.m16n8k16 with floating point type":
+//   a[0]: row g, k 2t, 2t+1; a[1]: row g+8, k 2t..; a[2]: row g, k 8+2t..; a[3]: row g+8, k 8+2t..
+//   b[0]: col g, k 2t, 2t+1; b[1]: col g, k 8+2t, 8+2t+1   (lower k in the low half)
+//   c/d as for the e4m3 shape.
+__device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4],
+                                                  const std::uint32_t (&b)[2], const float (&c)[4]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+        "f"(c[3]));
+}
+
+// Asynchronous 16-byte copy global -> shared (both 16-byte aligned), cached in L2 only.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+// As cp_async_16, but writes 16 zero bytes (and reads nothing) when !valid.
+__device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+// Closes the group of this thread's copies issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed groups are pending. Other threads see the data
+// only after a barrier that follows the wait.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Waits for all of this thread's copies, committed or not.
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+}  // namespace dsv4::gpu
+
+#elif defined(DSV4_SIM)
+// =====================================================================================
+// sim: the host compiler against the SIMT simulator
+// =====================================================================================
+#include <tuple>
+#include <type_traits>
+
+#include "cuda/sim/simt.h"
+
+#define DSV4_DYNAMIC_SMEM(T, name) T* name = reinterpret_cast<T*>(::dsv4::gpu::sim::dynamic_smem())
+
+#define DSV4_DEVICE_ASSERT(cond)                                                 \
+  do {                                                                           \
+    if (!(cond)) ::dsv4::gpu::sim::device_assert_failed(#cond, __FILE__, __LINE__); \
+  } while (0)
+
+namespace dsv4::gpu {
+
+inline constexpr bool kSimulated = true;
+
+// Runs the whole grid on the simulator before returning (the stream is ignored: everything is
+// synchronous). The arguments are converted to the kernel's parameter types once, as CUDA copies
+// them into parameter space; every simulated thread gets its own copy.
+template <class... P, class... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem_bytes, gpu_stream_t stream,
+            A&&... args) {
+  static_assert(sizeof...(P) == sizeof...(A), "gpu::launch: wrong number of kernel arguments");
+  (void)stream;
+  using Params = std::tuple<std::decay_t<P>...>;
+  Params params(std::forward<A>(args)...);
+  struct Context {
+    void (*kernel)(P...);
+    Params* params;
+  } context{kernel, &params};
+  sim::LaunchRequest request{reinterpret_cast<sim::KernelId>(kernel), grid, block, smem_bytes,
+                             [](void* c) {
+                               auto* ctx = static_cast<Context*>(c);
+                               std::apply(ctx->kernel, *ctx->params);
+                             },
+                             &context};
+  sim::run_grid(request);
+}
+
+template <class... P>
+void set_max_dynamic_smem(void (*kernel)(P...), std::size_t bytes) {
+  sim::set_max_dynamic_smem(reinterpret_cast<sim::KernelId>(kernel), bytes);
+}
+
+// Warp collectives in the simulator: exact e4m3 / bf16 inputs, exact products, and fp32 sums in
+// k order starting from C (the tensor core's internal summation order and precision differ:
+// compare with a tolerance).
+inline void mma_m16n8k32_e4m3(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2],
+                              const float (&c)[4],
+                              std::source_location loc = std::source_location::current()) {
+  sim::mma_m16n8k32_e4m3(d, a, b, c, loc);
+}
+inline void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2],
+                              const float (&c)[4],
+                              std::source_location loc = std::source_location::current()) {
+  sim::mma_m16n8k16_bf16(d, a, b, c, loc);
+}
+
+inline void cp_async_16(void* smem, const void* gmem, std::source_location loc = std::source_location::current()) {
+  sim::cp_async_16(smem, gmem, true, loc);
+}
+inline void cp_async_16_zfill(void* smem, const void* gmem, bool valid,
+                              std::source_location loc = std::source_location::current()) {
+  sim::cp_async_16(smem, gmem, valid, loc);
+}
+inline void cp_async_commit() { sim::cp_async_commit(); }
+template <int N>
+inline void cp_async_wait() {
+  static_assert(N >= 0);
+  sim::cp_async_wait(N);
+}
+inline void cp_async_wait_all() { sim::cp_async_wait(-1); }
+
+}  // namespace dsv4::gpu
+
+#else
+#error "cuda/device.h is for .cu files: compile with nvcc, or with DSV4_SIM=1 for the simulator"
+#endif

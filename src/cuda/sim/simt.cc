@@ -1,0 +1,1187 @@
+// The SIMT simulator (see simt.h for the model). One launch runs at a time (a process-wide mutex);
+// its blocks run one after another on the calling OS thread. Each thread of a block is a fiber:
+// a stack of its own (256 KB by default, DSV4_SIM_STACK_KB to change, with a guard page below)
+// and a saved stack pointer. A hand-written x86-64 switch saves the callee-saved registers on the
+// old stack and loads the new stack pointer (no system call; glibc's swapcontext would make one
+// per switch to save the signal mask). Other architectures, or -DDSV4_SIM_UCONTEXT, use ucontext.
+//
+// The scheduler (the launching thread's own stack) resumes fibers warp by warp. A fiber runs until
+// it waits (a barrier or a warp collective), exits, or fails; then control returns to the
+// scheduler, which releases whatever can be released and resumes the next runnable fiber.
+#include "cuda/sim/simt.h"
+
+#include <cxxabi.h>
+#include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstdlib>
+#include <exception>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define DSV4_SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DSV4_SIM_ASAN 1
+#endif
+#endif
+#if defined(DSV4_SIM_ASAN)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+#if !defined(__x86_64__) && !defined(DSV4_SIM_UCONTEXT)
+#define DSV4_SIM_UCONTEXT 1
+#endif
+#if defined(DSV4_SIM_UCONTEXT)
+#include <ucontext.h>
+#endif
+
+namespace dsv4::gpu::sim {
+namespace {
+
+constexpr unsigned kMaxThreads = 1024;
+constexpr std::size_t kDefaultSmemLimit = 48 * 1024;  // without set_max_dynamic_smem
+constexpr std::size_t kOptinSmemLimit = 227 * 1024;   // H100/H200 opt-in maximum per block
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// ---------------------------------------------------------------------------------------------
+// Contexts
+// ---------------------------------------------------------------------------------------------
+struct Context {
+#if defined(DSV4_SIM_UCONTEXT)
+  ucontext_t uc;
+#else
+  void* sp = nullptr;  // the saved stack pointer; the registers are on that stack
+#endif
+};
+
+}  // namespace
+}  // namespace dsv4::gpu::sim
+
+extern "C" {
+// Entry of a fresh fiber: runs the kernel for the fiber given as argument; never returns.
+[[noreturn]] void dsv4_sim_fiber_main(void* fiber);
+}
+
+#if !defined(DSV4_SIM_UCONTEXT)
+extern "C" {
+// Saves the callee-saved registers rbp, rbx, r12-r15 on the current stack, stores the stack
+// pointer in *save_sp, switches to load_sp and restores them from there. The x87 control word and
+// MXCSR are not switched (saving them costs more than the rest of the switch): kernels must not
+// change floating-point modes.
+void dsv4_sim_switch(void** save_sp, void* load_sp);
+// First code of a fresh fiber (reached through the `ret` of dsv4_sim_switch): calls r13(r12).
+void dsv4_sim_fiber_start();
+}
+asm(R"(
+    .pushsection .text
+    .p2align 4
+    .globl dsv4_sim_switch
+    .hidden dsv4_sim_switch
+    .type dsv4_sim_switch, @function
+dsv4_sim_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size dsv4_sim_switch, .-dsv4_sim_switch
+
+    .p2align 4
+    .globl dsv4_sim_fiber_start
+    .hidden dsv4_sim_fiber_start
+    .type dsv4_sim_fiber_start, @function
+dsv4_sim_fiber_start:
+    .cfi_startproc
+    .cfi_undefined rip
+    movq %r12, %rdi
+    callq *%r13
+    ud2
+    .cfi_endproc
+    .size dsv4_sim_fiber_start, .-dsv4_sim_fiber_start
+    .popsection
+)");
+#endif
+
+namespace dsv4::gpu::sim {
+namespace {
+
+enum class State : std::uint8_t {
+  kReady,    // can run
+  kBarrier,  // waits at a block barrier
+  kWarp,     // waits at a warp collective
+  kExited,   // returned from the kernel
+  kFailed,   // reported an error (kThrow mode) or threw
+};
+
+struct Fiber;
+
+// A kind of warp collective: all lanes of one release must wait at the same kind.
+struct Collective {
+  const char* name;
+  // Computes every lane's result from the lanes in `group` (lanes[i]->data is lane i's record).
+  void (*resolve)(Fiber* const* lanes, unsigned group);
+};
+
+struct PendingCopy {
+  unsigned char* dst;
+  unsigned group;
+  unsigned char bytes[16];
+};
+
+struct Fiber {
+  Builtins builtins{};
+  Context context{};
+  unsigned linear = 0;  // linear thread index in the block
+  unsigned warp = 0;
+  unsigned lane = 0;
+  State state = State::kReady;
+
+  // What it waits at.
+  const Collective* collective = nullptr;  // State::kWarp
+  unsigned mask = 0;
+  void* data = nullptr;
+  BarrierOp barrier_op = BarrierOp::kSync;  // State::kBarrier
+  int pred = 0;
+  int barrier_result = 0;
+  Location where;
+
+  // cp.async copies not yet delivered, and the number of the group being filled.
+  std::vector<PendingCopy> copies;
+  unsigned next_group = 0;
+
+  // Stack: [stack_lo, stack_lo + stack_size), with a guard page below stack_lo.
+  void* mapping = nullptr;
+  std::size_t mapping_size = 0;
+  unsigned char* stack_lo = nullptr;
+  std::size_t stack_size = 0;
+  void* asan_fake_stack = nullptr;
+
+  Fiber() = default;
+  Fiber(const Fiber&) = delete;
+  Fiber& operator=(const Fiber&) = delete;
+  ~Fiber() {
+    if (mapping != nullptr) munmap(mapping, mapping_size);
+  }
+};
+
+// The launch being simulated.
+struct Launch {
+  KernelId kernel;
+  dim3 grid;
+  dim3 block;
+  unsigned threads;  // per block
+  std::size_t smem_bytes;
+  void (*body)(void*);
+  void* context;
+  uint3 block_idx{0, 0, 0};
+  unsigned char* smem = nullptr;
+  std::size_t smem_capacity = 0;
+};
+
+struct Simulator {
+  std::mutex launch_mutex;  // one launch at a time
+  std::mutex attribute_mutex;
+  std::unordered_map<KernelId, std::size_t> max_dynamic_smem;
+  std::mutex name_mutex;
+  std::unordered_map<KernelId, std::string> names;
+  std::atomic<ErrorMode> mode{ErrorMode::kAbort};
+
+  std::vector<std::unique_ptr<Fiber>> fibers;  // reused by every launch
+  Context scheduler;
+  Launch* launch = nullptr;
+  Fiber* current = nullptr;
+  std::string failure;  // a fiber's error report (kThrow mode)
+  std::exception_ptr kernel_exception;
+
+  // AddressSanitizer's view of the scheduler stack.
+  const void* scheduler_stack_bottom = nullptr;
+  std::size_t scheduler_stack_size = 0;
+  void* scheduler_fake_stack = nullptr;
+};
+
+Simulator& sim() {
+  static Simulator* s = new Simulator;  // never destroyed: fibers may outlive static destructors
+  return *s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Names and reports
+// ---------------------------------------------------------------------------------------------
+std::string demangle(const char* name) {
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> out(abi::__cxa_demangle(name, nullptr, nullptr, &status), std::free);
+  return status == 0 && out ? std::string(out.get()) : std::string(name);
+}
+
+// The name of the function symbol at `value` in the ELF file's full symbol table (which, unlike
+// the dynamic one, also lists functions that are not exported, such as kernels in anonymous
+// namespaces). Empty when not found.
+std::string elf_symbol(const char* path, const void* address, const void* load_base) {
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(sizeof(Elf64_Ehdr))) {
+    close(fd);
+    return {};
+  }
+  const auto size = static_cast<std::size_t>(st.st_size);
+  void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (map == MAP_FAILED) return {};
+  std::string result;
+  const auto* base = static_cast<const unsigned char*>(map);
+  const auto* eh = reinterpret_cast<const Elf64_Ehdr*>(base);
+  const bool elf64 = std::memcmp(eh->e_ident, ELFMAG, SELFMAG) == 0 && eh->e_ident[EI_CLASS] == ELFCLASS64;
+  if (elf64 && eh->e_shoff != 0 && eh->e_shentsize == sizeof(Elf64_Shdr) &&
+      eh->e_shoff + std::size_t{eh->e_shnum} * sizeof(Elf64_Shdr) <= size) {
+    const auto* sections = reinterpret_cast<const Elf64_Shdr*>(base + eh->e_shoff);
+    const auto target = reinterpret_cast<std::uintptr_t>(address) -
+                        (eh->e_type == ET_DYN ? reinterpret_cast<std::uintptr_t>(load_base) : 0);
+    for (unsigned i = 0; i < eh->e_shnum && result.empty(); ++i) {
+      const Elf64_Shdr& sh = sections[i];
+      if (sh.sh_type != SHT_SYMTAB || sh.sh_link >= eh->e_shnum) continue;
+      const Elf64_Shdr& strtab = sections[sh.sh_link];
+      if (sh.sh_offset + sh.sh_size > size || strtab.sh_offset + strtab.sh_size > size) continue;
+      const auto* symbols = reinterpret_cast<const Elf64_Sym*>(base + sh.sh_offset);
+      const std::size_t count = sh.sh_size / sizeof(Elf64_Sym);
+      for (std::size_t k = 0; k < count; ++k) {
+        const Elf64_Sym& sym = symbols[k];
+        if (ELF64_ST_TYPE(sym.st_info) != STT_FUNC || sym.st_value != target || sym.st_name >= strtab.sh_size) {
+          continue;
+        }
+        const char* name = reinterpret_cast<const char*>(base + strtab.sh_offset + sym.st_name);
+        if (std::memchr(name, 0, strtab.sh_size - sym.st_name) != nullptr) {
+          result = demangle(name);
+          break;
+        }
+      }
+    }
+  }
+  munmap(map, size);
+  return result;
+}
+
+std::string symbolize(KernelId kernel) {
+  void* address = nullptr;
+  static_assert(sizeof(address) == sizeof(kernel));
+  std::memcpy(&address, &kernel, sizeof(address));
+  Dl_info info{};
+  if (dladdr(address, &info) != 0) {
+    if (info.dli_sname != nullptr && info.dli_saddr == address) return demangle(info.dli_sname);
+    if (info.dli_fname != nullptr && info.dli_fname[0] == '/') {
+      std::string name = elf_symbol(info.dli_fname, address, info.dli_fbase);
+      if (!name.empty()) return name;
+    }
+    std::string name = elf_symbol("/proc/self/exe", address, info.dli_fbase);
+    if (!name.empty()) return name;
+  }
+  return fmt::format("kernel at {}", address);
+}
+
+const std::string& kernel_name(KernelId kernel) {
+  Simulator& s = sim();
+  std::lock_guard lock(s.name_mutex);
+  auto it = s.names.find(kernel);
+  if (it == s.names.end()) it = s.names.emplace(kernel, symbolize(kernel)).first;
+  return it->second;
+}
+
+std::string format_dim(const dim3& d) { return fmt::format("({}, {}, {})", d.x, d.y, d.z); }
+std::string format_dim(const uint3& d) { return fmt::format("({}, {}, {})", d.x, d.y, d.z); }
+
+std::string launch_description() {
+  const Launch* l = sim().launch;
+  if (l == nullptr) return "outside a kernel";
+  return fmt::format("kernel {}, block {} of grid {}, block size {}", kernel_name(l->kernel),
+                     format_dim(l->block_idx), format_dim(l->grid), format_dim(l->block));
+}
+
+std::string format_location(const Location& loc) {
+  return fmt::format("{}:{}", loc.file_name(), loc.line());
+}
+
+std::string thread_description(const Fiber& f) {
+  return fmt::format("thread {} (warp {}, lane {})", format_dim(f.builtins.thread_idx), f.warp, f.lane);
+}
+
+const char* barrier_name(BarrierOp op) {
+  switch (op) {
+    case BarrierOp::kSync:
+      return "__syncthreads";
+    case BarrierOp::kCount:
+      return "__syncthreads_count";
+    case BarrierOp::kAnd:
+      return "__syncthreads_and";
+    case BarrierOp::kOr:
+      return "__syncthreads_or";
+  }
+  return "?";
+}
+
+// Where a thread waits, for deadlock reports.
+std::string wait_description(const Fiber& f) {
+  switch (f.state) {
+    case State::kReady:
+      return "runnable";
+    case State::kBarrier:
+      return fmt::format("{} at {}", barrier_name(f.barrier_op), format_location(f.where));
+    case State::kWarp:
+      return fmt::format("{} (mask {:#010x}) at {}", f.collective->name, f.mask, format_location(f.where));
+    case State::kExited:
+      return "exited";
+    case State::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
+// Reports an error from the scheduler (never inside a fiber).
+[[noreturn]] void raise_error(const std::string& message) {
+  const std::string full = "dsv4 sim: " + message;
+  if (sim().mode.load() == ErrorMode::kThrow) throw SimError(full);
+  std::fprintf(stderr, "%s\n", full.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fibers
+// ---------------------------------------------------------------------------------------------
+std::size_t stack_bytes() {
+  static const std::size_t bytes = [] {
+    std::size_t kb = 256;
+    if (const char* env = std::getenv("DSV4_SIM_STACK_KB")) {
+      const long v = std::atol(env);
+      if (v >= 64) kb = static_cast<std::size_t>(v);
+    }
+    return kb * 1024;
+  }();
+  return bytes;
+}
+
+void allocate_stack(Fiber& f) {
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t usable = (stack_bytes() + page - 1) / page * page;
+  f.mapping_size = usable + page;
+  f.mapping = mmap(nullptr, f.mapping_size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+  if (f.mapping == MAP_FAILED) {
+    f.mapping = nullptr;
+    fail("SIMT simulator: cannot map a {}-byte fiber stack", f.mapping_size);
+  }
+  if (mprotect(f.mapping, page, PROT_NONE) != 0) fail("SIMT simulator: cannot protect a fiber stack's guard page");
+  f.stack_lo = static_cast<unsigned char*>(f.mapping) + page;
+  f.stack_size = usable;
+}
+
+#if defined(DSV4_SIM_UCONTEXT)
+void fiber_trampoline(unsigned hi, unsigned lo) {
+  const auto address = (static_cast<std::uintptr_t>(hi) << 32) | lo;
+  dsv4_sim_fiber_main(reinterpret_cast<void*>(address));
+}
+#endif
+
+// Prepares f to start the kernel at its next resume.
+void init_context(Fiber& f) {
+#if defined(DSV4_SIM_ASAN)
+  __asan_unpoison_memory_region(f.stack_lo, f.stack_size);  // frames abandoned by a failed launch
+#endif
+#if defined(DSV4_SIM_UCONTEXT)
+  getcontext(&f.context.uc);
+  f.context.uc.uc_stack.ss_sp = f.stack_lo;
+  f.context.uc.uc_stack.ss_size = f.stack_size;
+  f.context.uc.uc_link = nullptr;
+  const auto address = reinterpret_cast<std::uintptr_t>(&f);
+  makecontext(&f.context.uc, reinterpret_cast<void (*)()>(&fiber_trampoline), 2, static_cast<unsigned>(address >> 32),
+              static_cast<unsigned>(address & 0xffffffffu));
+#else
+  // The frame dsv4_sim_switch pops: r15, r14, r13, r12, rbx, rbp, then the return address
+  // dsv4_sim_fiber_start, which finds the fiber in r12 and its entry in r13.
+  // After the `ret` the stack pointer is 16-byte aligned, as the call in fiber_start needs.
+  const auto top = reinterpret_cast<std::uintptr_t>(f.stack_lo + f.stack_size) & ~std::uintptr_t{15};
+  auto* w = reinterpret_cast<std::uint64_t*>(top);
+  w[-1] = 0;
+  w[-2] = 0;
+  w[-3] = reinterpret_cast<std::uintptr_t>(&dsv4_sim_fiber_start);
+  w[-4] = 0;                                                        // rbp
+  w[-5] = 0;                                                        // rbx
+  w[-6] = reinterpret_cast<std::uintptr_t>(&f);                     // r12
+  w[-7] = reinterpret_cast<std::uintptr_t>(&dsv4_sim_fiber_main);  // r13
+  w[-8] = 0;                                                        // r14
+  w[-9] = 0;                                                        // r15
+  f.context.sp = &w[-9];
+#endif
+}
+
+inline void switch_context(Context& from, Context& to) {
+#if defined(DSV4_SIM_UCONTEXT)
+  swapcontext(&from.uc, &to.uc);
+#else
+  dsv4_sim_switch(&from.sp, to.sp);
+#endif
+}
+
+// Scheduler -> fiber f, until f waits, exits or fails.
+void resume(Fiber& f) {
+  Simulator& s = sim();
+  s.current = &f;
+  t_builtins = &f.builtins;
+#if defined(DSV4_SIM_ASAN)
+  __sanitizer_start_switch_fiber(&s.scheduler_fake_stack, f.stack_lo, f.stack_size);
+#endif
+  switch_context(s.scheduler, f.context);
+#if defined(DSV4_SIM_ASAN)
+  __sanitizer_finish_switch_fiber(s.scheduler_fake_stack, nullptr, nullptr);
+#endif
+  t_builtins = nullptr;
+  s.current = nullptr;
+}
+
+// Fiber f -> scheduler. Returns when the scheduler resumes f; `final` when f never resumes.
+void yield(Fiber& f, bool final = false) {
+  Simulator& s = sim();
+#if defined(DSV4_SIM_ASAN)
+  __sanitizer_start_switch_fiber(final ? nullptr : &f.asan_fake_stack, s.scheduler_stack_bottom,
+                                 s.scheduler_stack_size);
+#else
+  (void)final;
+#endif
+  switch_context(f.context, s.scheduler);
+#if defined(DSV4_SIM_ASAN)
+  __sanitizer_finish_switch_fiber(f.asan_fake_stack, &s.scheduler_stack_bottom, &s.scheduler_stack_size);
+#endif
+}
+
+Fiber& current_fiber(const char* what) {
+  Fiber* f = sim().current;
+  if (f == nullptr) outside_kernel(what);
+  return *f;
+}
+
+// Reports an error of the running fiber: aborts right here (kAbort, so a debugger shows the
+// kernel's frames), or hands the report to the scheduler, which throws it (kThrow).
+// The message comes from a callable so that every temporary string is gone before the fiber
+// yields: its frames are never unwound in kThrow mode (LeakSanitizer would report the strings).
+template <class MakeMessage>
+[[noreturn]] void fiber_fail(Fiber& f, MakeMessage make_message) {
+  Simulator& s = sim();
+  s.failure = fmt::format("{}: {}: {}", launch_description(), thread_description(f), make_message());
+  if (s.mode.load() == ErrorMode::kAbort) {
+    std::fprintf(stderr, "dsv4 sim: %s\n", s.failure.c_str());
+    std::fflush(stderr);
+    std::abort();
+  }
+  f.state = State::kFailed;
+  yield(f, /*final=*/true);
+  std::abort();  // a failed fiber is never resumed
+}
+
+void deliver_copies(Fiber& f, bool all, unsigned before_group) {
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < f.copies.size(); ++i) {
+    PendingCopy& c = f.copies[i];
+    if (all || c.group < before_group) {
+      std::memcpy(c.dst, c.bytes, sizeof(c.bytes));
+    } else {
+      f.copies[kept++] = c;
+    }
+  }
+  f.copies.resize(kept);
+}
+
+// Blocks the running fiber at a warp collective until the scheduler releases it.
+void wait_warp(const Collective& collective, unsigned mask, void* data, const Location& loc) {
+  Fiber& f = current_fiber(collective.name);
+  if (((mask >> f.lane) & 1u) == 0) {
+    fiber_fail(f, [&] {
+      return fmt::format("{} at {} with mask {:#010x}, which does not include the calling lane {}", collective.name,
+                         format_location(loc), mask, f.lane);
+    });
+  }
+  f.state = State::kWarp;
+  f.collective = &collective;
+  f.mask = mask;
+  f.data = data;
+  f.where = loc;
+  yield(f);
+}
+
+}  // namespace
+}  // namespace dsv4::gpu::sim
+
+extern "C" void dsv4_sim_fiber_main(void* fiber) {
+  using namespace dsv4::gpu::sim;
+  auto& f = *static_cast<Fiber*>(fiber);
+  Simulator& s = sim();
+#if defined(DSV4_SIM_ASAN)
+  __sanitizer_finish_switch_fiber(nullptr, &s.scheduler_stack_bottom, &s.scheduler_stack_size);
+#endif
+  try {
+    s.launch->body(s.launch->context);
+    f.state = State::kExited;
+    deliver_copies(f, true, 0);
+  } catch (...) {
+    s.kernel_exception = std::current_exception();
+    s.failure = fmt::format("{}: {}: the kernel threw an exception", launch_description(), thread_description(f));
+    f.state = State::kFailed;
+  }
+  yield(f, /*final=*/true);
+  std::abort();  // never resumed
+}
+
+namespace dsv4::gpu::sim {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// The scheduler
+// ---------------------------------------------------------------------------------------------
+
+// Releases every group of warp w's lanes that can be released: a lane's group is its mask minus
+// the exited lanes, and it releases when all of them wait at the same collective with the same
+// mask. Returns whether something was released.
+bool release_warp(unsigned w, unsigned threads) {
+  Simulator& s = sim();
+  Fiber* lanes[32] = {};
+  unsigned alive = 0, waiting = 0;
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    const unsigned i = w * 32 + lane;
+    if (i >= threads) break;
+    Fiber* f = s.fibers[i].get();
+    lanes[lane] = f;
+    if (f->state != State::kExited) alive |= 1u << lane;
+    if (f->state == State::kWarp) waiting |= 1u << lane;
+  }
+  bool released = false;
+  unsigned candidates = waiting;
+  while (candidates != 0) {
+    const unsigned lane = static_cast<unsigned>(std::countr_zero(candidates));
+    const Fiber& f = *lanes[lane];
+    const unsigned group = f.mask & alive;
+    bool ok = (group & ~waiting) == 0;
+    for (unsigned rest = group; ok && rest != 0; rest &= rest - 1) {
+      const Fiber& m = *lanes[std::countr_zero(rest)];
+      ok = m.collective == f.collective && m.mask == f.mask;
+    }
+    if (!ok) {
+      candidates &= ~(1u << lane);
+      continue;
+    }
+    f.collective->resolve(lanes, group);
+    for (unsigned rest = group; rest != 0; rest &= rest - 1) lanes[std::countr_zero(rest)]->state = State::kReady;
+    waiting &= ~group;
+    candidates &= ~group;
+    released = true;
+  }
+  return released;
+}
+
+bool same_location(const Location& a, const Location& b) {
+  return a.line() == b.line() && a.column() == b.column() &&
+         (a.file_name() == b.file_name() || std::strcmp(a.file_name(), b.file_name()) == 0);
+}
+
+// Releases the block barrier when every thread that has not exited waits at it.
+bool release_barrier(unsigned threads, unsigned exited) {
+  Simulator& s = sim();
+  unsigned waiting = 0;
+  const Fiber* first = nullptr;
+  for (unsigned i = 0; i < threads; ++i) {
+    const Fiber& f = *s.fibers[i];
+    if (f.state != State::kBarrier) continue;
+    ++waiting;
+    if (first == nullptr) {
+      first = &f;
+    } else if (f.barrier_op != first->barrier_op || !same_location(f.where, first->where)) {
+      // Everybody may not be here yet, but threads at two different barriers can never meet.
+      raise_error(fmt::format("{}: barrier divergence: {} waits at {} but {} waits at {}", launch_description(),
+                              thread_description(*first), wait_description(*first), thread_description(f),
+                              wait_description(f)));
+    }
+  }
+  if (waiting == 0 || waiting + exited != threads) return false;
+  int count = 0;
+  for (unsigned i = 0; i < threads; ++i) {
+    const Fiber& f = *s.fibers[i];
+    if (f.state == State::kBarrier && f.pred != 0) ++count;
+  }
+  int result = 0;
+  switch (first->barrier_op) {
+    case BarrierOp::kSync:
+      break;
+    case BarrierOp::kCount:
+      result = count;
+      break;
+    case BarrierOp::kAnd:
+      result = count == static_cast<int>(waiting) ? 1 : 0;
+      break;
+    case BarrierOp::kOr:
+      result = count > 0 ? 1 : 0;
+      break;
+  }
+  for (unsigned i = 0; i < threads; ++i) {
+    Fiber& f = *s.fibers[i];
+    if (f.state == State::kBarrier) {
+      f.barrier_result = result;
+      f.state = State::kReady;
+    }
+  }
+  return true;
+}
+
+// Nothing can run and nothing can be released: report divergent warp collectives, or a deadlock
+// with where every thread waits.
+[[noreturn]] void report_stuck(unsigned threads) {
+  Simulator& s = sim();
+  const unsigned warps = (threads + 31) / 32;
+  for (unsigned w = 0; w < warps; ++w) {
+    unsigned alive = 0, waiting = 0;
+    for (unsigned lane = 0; lane < 32 && w * 32 + lane < threads; ++lane) {
+      const Fiber& f = *s.fibers[w * 32 + lane];
+      if (f.state != State::kExited) alive |= 1u << lane;
+      if (f.state == State::kWarp) waiting |= 1u << lane;
+    }
+    for (unsigned rest = waiting; rest != 0; rest &= rest - 1) {
+      const Fiber& f = *s.fibers[w * 32 + static_cast<unsigned>(std::countr_zero(rest))];
+      const unsigned group = f.mask & alive;
+      if ((group & ~waiting) != 0) continue;  // some lane of the group waits elsewhere: a deadlock
+      for (unsigned others = group; others != 0; others &= others - 1) {
+        const Fiber& m = *s.fibers[w * 32 + static_cast<unsigned>(std::countr_zero(others))];
+        if (m.collective != f.collective || m.mask != f.mask) {
+          raise_error(fmt::format("{}: divergent warp collectives in warp {}: lane {} waits at {} but lane {} waits at {}",
+                                  launch_description(), w, f.lane, wait_description(f), m.lane,
+                                  wait_description(m)));
+        }
+      }
+    }
+  }
+  std::string report = fmt::format("{}: deadlock: no thread can continue. The threads wait at:", launch_description());
+  unsigned begin = 0;
+  while (begin < threads) {
+    const std::string what = wait_description(*s.fibers[begin]);
+    unsigned end = begin + 1;
+    while (end < threads && wait_description(*s.fibers[end]) == what) ++end;
+    const std::string threads_text =
+        end - begin == 1 ? fmt::format("thread {}", begin) : fmt::format("threads {}-{}", begin, end - 1);
+    const std::string warps_text = begin / 32 == (end - 1) / 32
+                                       ? fmt::format("warp {}", begin / 32)
+                                       : fmt::format("warps {}-{}", begin / 32, (end - 1) / 32);
+    report += fmt::format("\n  {} ({}): {}", threads_text, warps_text, what);
+    begin = end;
+  }
+  report += "\n  (thread numbers are linear: x + y * blockDim.x + z * blockDim.x * blockDim.y)";
+  raise_error(report);
+}
+
+// After a fiber stopped: surfaces its failure.
+void check_failed(Fiber& f) {
+  if (f.state != State::kFailed) return;
+  Simulator& s = sim();
+  if (s.kernel_exception) {
+    std::exception_ptr e = std::exchange(s.kernel_exception, nullptr);
+    std::rethrow_exception(e);
+  }
+  raise_error(s.failure);
+}
+
+void run_block(Launch& launch) {
+  Simulator& s = sim();
+  const unsigned threads = launch.threads;
+  std::memset(launch.smem, 0xff, launch.smem_capacity);
+  for (unsigned i = 0; i < threads; ++i) {
+    Fiber& f = *s.fibers[i];
+    f.builtins.thread_idx = uint3{i % launch.block.x, (i / launch.block.x) % launch.block.y,
+                                  i / (launch.block.x * launch.block.y)};
+    f.builtins.block_idx = launch.block_idx;
+    f.builtins.block_dim = launch.block;
+    f.builtins.grid_dim = launch.grid;
+    f.linear = i;
+    f.warp = i / 32;
+    f.lane = i % 32;
+    f.state = State::kReady;
+    f.collective = nullptr;
+    f.data = nullptr;
+    f.copies.clear();
+    f.next_group = 0;
+    init_context(f);
+  }
+
+  const unsigned warps = (threads + 31) / 32;
+  unsigned exited = 0;
+  for (;;) {
+    bool progress = false;
+    for (unsigned w = 0; w < warps; ++w) {
+      // Run the warp's lanes until none can run, release its collectives, repeat.
+      for (;;) {
+        for (unsigned i = w * 32; i < threads && i < (w + 1) * 32; ++i) {
+          Fiber& f = *s.fibers[i];
+          if (f.state != State::kReady) continue;
+          resume(f);
+          progress = true;
+          check_failed(f);
+          if (f.state == State::kExited) ++exited;
+        }
+        if (!release_warp(w, threads)) break;
+        progress = true;
+      }
+    }
+    if (exited == threads) return;
+    if (release_barrier(threads, exited)) continue;
+    if (!progress) report_stuck(threads);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Collective kinds
+// ---------------------------------------------------------------------------------------------
+struct ShflRecord {
+  std::uint64_t bits;
+  int lane_arg;
+  int width;
+  ShflMode mode;
+  std::uint64_t result;
+};
+
+// PTX shfl.sync: the segment of `width` lanes holding `lane` is [lane & ~(width-1), +width). idx
+// reads lane_arg within the segment; up/down/xor read lane -/+/^ lane_arg and keep their own value
+// when that falls outside the allowed range (below the segment for up, beyond its end otherwise).
+unsigned shfl_source(ShflMode mode, unsigned lane, int lane_arg, int width) {
+  const unsigned seg_mask = ~static_cast<unsigned>(width - 1) & 31u;
+  const unsigned seg_start = lane & seg_mask;
+  const unsigned seg_end = seg_start | (31u & ~seg_mask);
+  const int b = lane_arg & 31;
+  int j = static_cast<int>(lane);
+  bool valid = true;
+  switch (mode) {
+    case ShflMode::kIdx:
+      j = static_cast<int>(seg_start | (static_cast<unsigned>(b) & ~seg_mask));
+      break;
+    case ShflMode::kUp:
+      j = static_cast<int>(lane) - b;
+      valid = j >= static_cast<int>(seg_start);
+      break;
+    case ShflMode::kDown:
+      j = static_cast<int>(lane) + b;
+      valid = j <= static_cast<int>(seg_end);
+      break;
+    case ShflMode::kXor:
+      j = static_cast<int>(lane ^ static_cast<unsigned>(b));
+      valid = j <= static_cast<int>(seg_end);
+      break;
+  }
+  return valid ? static_cast<unsigned>(j) : lane;
+}
+
+void resolve_shfl(Fiber* const* lanes, unsigned group) {
+  for (unsigned rest = group; rest != 0; rest &= rest - 1) {
+    const unsigned lane = static_cast<unsigned>(std::countr_zero(rest));
+    auto& r = *static_cast<ShflRecord*>(lanes[lane]->data);
+    const unsigned src = shfl_source(r.mode, lane, r.lane_arg, r.width);
+    // A source lane that exited or is not in the mask: undefined in CUDA; 0 here.
+    r.result = ((group >> src) & 1u) != 0 ? static_cast<ShflRecord*>(lanes[src]->data)->bits : 0;
+  }
+}
+
+const Collective kShflIdx{"__shfl_sync", resolve_shfl};
+const Collective kShflUp{"__shfl_up_sync", resolve_shfl};
+const Collective kShflDown{"__shfl_down_sync", resolve_shfl};
+const Collective kShflXor{"__shfl_xor_sync", resolve_shfl};
+
+void resolve_nothing(Fiber* const*, unsigned) {}
+const Collective kSyncwarp{"__syncwarp", resolve_nothing};
+
+struct VoteRecord {
+  VoteMode mode;
+  int pred;
+  unsigned result;
+};
+void resolve_vote(Fiber* const* lanes, unsigned group) {
+  unsigned ballot = 0;
+  for (unsigned rest = group; rest != 0; rest &= rest - 1) {
+    const unsigned lane = static_cast<unsigned>(std::countr_zero(rest));
+    if (static_cast<VoteRecord*>(lanes[lane]->data)->pred != 0) ballot |= 1u << lane;
+  }
+  for (unsigned rest = group; rest != 0; rest &= rest - 1) {
+    auto& r = *static_cast<VoteRecord*>(lanes[std::countr_zero(rest)]->data);
+    switch (r.mode) {
+      case VoteMode::kBallot:
+        r.result = ballot;
+        break;
+      case VoteMode::kAny:
+        r.result = ballot != 0 ? 1 : 0;
+        break;
+      case VoteMode::kAll:
+        r.result = ballot == group ? 1 : 0;
+        break;
+    }
+  }
+}
+const Collective kBallot{"__ballot_sync", resolve_vote};
+const Collective kAny{"__any_sync", resolve_vote};
+const Collective kAll{"__all_sync", resolve_vote};
+
+struct ReduceRecord {
+  ReduceOp op;
+  unsigned value;
+  unsigned result;
+};
+void resolve_reduce(Fiber* const* lanes, unsigned group) {
+  const ReduceOp op = static_cast<ReduceRecord*>(lanes[std::countr_zero(group)]->data)->op;
+  unsigned acc = 0;
+  bool first = true;
+  for (unsigned rest = group; rest != 0; rest &= rest - 1) {
+    const unsigned v = static_cast<ReduceRecord*>(lanes[std::countr_zero(rest)]->data)->value;
+    if (first) {
+      acc = v;
+      first = false;
+      continue;
+    }
+    switch (op) {
+      case ReduceOp::kAdd:
+        acc += v;
+        break;
+      case ReduceOp::kMinU:
+        acc = v < acc ? v : acc;
+        break;
+      case ReduceOp::kMaxU:
+        acc = v > acc ? v : acc;
+        break;
+      case ReduceOp::kMinS:
+        acc = static_cast<int>(v) < static_cast<int>(acc) ? v : acc;
+        break;
+      case ReduceOp::kMaxS:
+        acc = static_cast<int>(v) > static_cast<int>(acc) ? v : acc;
+        break;
+      case ReduceOp::kAnd:
+        acc &= v;
+        break;
+      case ReduceOp::kOr:
+        acc |= v;
+        break;
+      case ReduceOp::kXor:
+        acc ^= v;
+        break;
+    }
+  }
+  for (unsigned rest = group; rest != 0; rest &= rest - 1) {
+    static_cast<ReduceRecord*>(lanes[std::countr_zero(rest)]->data)->result = acc;
+  }
+}
+const Collective kReduceAdd{"__reduce_add_sync", resolve_reduce};
+const Collective kReduceMinU{"__reduce_min_sync(unsigned)", resolve_reduce};
+const Collective kReduceMaxU{"__reduce_max_sync(unsigned)", resolve_reduce};
+const Collective kReduceMinS{"__reduce_min_sync(int)", resolve_reduce};
+const Collective kReduceMaxS{"__reduce_max_sync(int)", resolve_reduce};
+const Collective kReduceAnd{"__reduce_and_sync", resolve_reduce};
+const Collective kReduceOr{"__reduce_or_sync", resolve_reduce};
+const Collective kReduceXor{"__reduce_xor_sync", resolve_reduce};
+
+struct MatchRecord {
+  std::uint64_t value;
+  unsigned result;
+  int all_equal;
+};
+void resolve_match(Fiber* const* lanes, unsigned group) {
+  bool all_equal = true;
+  const std::uint64_t first = static_cast<MatchRecord*>(lanes[std::countr_zero(group)]->data)->value;
+  for (unsigned rest = group; rest != 0; rest &= rest - 1) {
+    auto& r = *static_cast<MatchRecord*>(lanes[std::countr_zero(rest)]->data);
+    if (r.value != first) all_equal = false;
+    r.result = 0;
+    for (unsigned others = group; others != 0; others &= others - 1) {
+      const unsigned m = static_cast<unsigned>(std::countr_zero(others));
+      if (static_cast<MatchRecord*>(lanes[m]->data)->value == r.value) r.result |= 1u << m;
+    }
+  }
+  for (unsigned rest = group; rest != 0; rest &= rest - 1) {
+    static_cast<MatchRecord*>(lanes[std::countr_zero(rest)]->data)->all_equal = all_equal ? 1 : 0;
+  }
+}
+const Collective kMatchAny{"__match_any_sync", resolve_match};
+const Collective kMatchAll{"__match_all_sync", resolve_match};
+
+// ---- mma ----
+struct MmaRecord {
+  const std::uint32_t* a;
+  const std::uint32_t* b;
+  const float* c;
+  float* d;
+};
+
+// e4m3: sign, 4 exponent bits (bias 7), 3 mantissa bits; subnormals; 0x7f/0xff are NaN; no inf.
+float decode_e4m3(unsigned code) {
+  const unsigned exponent = (code >> 3) & 15u, mantissa = code & 7u;
+  if (exponent == 15u && mantissa == 7u) return std::numeric_limits<float>::quiet_NaN();
+  const float magnitude = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -9)
+                                        : std::ldexp(static_cast<float>(8u + mantissa), static_cast<int>(exponent) - 10);
+  return (code & 0x80u) != 0 ? -magnitude : magnitude;
+}
+
+float decode_bf16(unsigned bits) { return std::bit_cast<float>((bits & 0xffffu) << 16); }
+
+// Gathers A (16 x K, row-major), B (K x 8) and C (16 x 8) from the fragments, computes D and
+// scatters it. kBytesPerElement 1: m16n8k32 e4m3; 2: m16n8k16 bf16.
+template <int K, int kElemsPerReg>
+void resolve_mma(Fiber* const* lanes, unsigned group) {
+  if (group != kFullMask) {
+    raise_error(fmt::format("{}: mma.sync needs all 32 lanes of the warp; lanes {:#010x} have exited",
+                            launch_description(), ~group));
+  }
+  float A[16][K], B[K][8], C[16][8];
+  constexpr int kBits = 32 / kElemsPerReg;
+  auto decode = [](unsigned code) { return kElemsPerReg == 4 ? decode_e4m3(code) : decode_bf16(code); };
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    const auto& r = *static_cast<MmaRecord*>(lanes[lane]->data);
+    const int g = static_cast<int>(lane >> 2), t = static_cast<int>(lane & 3u);
+    for (int reg = 0; reg < 4; ++reg) {
+      // a[reg]: rows g (+8 for odd registers), k from kElemsPerReg * t (+K/2 for registers 2, 3).
+      const int row = g + ((reg & 1) ? 8 : 0);
+      const int k0 = kElemsPerReg * t + ((reg & 2) ? K / 2 : 0);
+      for (int e = 0; e < kElemsPerReg; ++e) {
+        A[row][k0 + e] = decode((r.a[reg] >> (kBits * e)) & ((1u << kBits) - 1u));
+      }
+    }
+    for (int reg = 0; reg < 2; ++reg) {
+      const int k0 = kElemsPerReg * t + (reg ? K / 2 : 0);
+      for (int e = 0; e < kElemsPerReg; ++e) B[k0 + e][g] = decode((r.b[reg] >> (kBits * e)) & ((1u << kBits) - 1u));
+    }
+    for (int i = 0; i < 4; ++i) C[g + (i >= 2 ? 8 : 0)][2 * t + (i & 1)] = r.c[i];
+  }
+  float D[16][8];
+  for (int m = 0; m < 16; ++m) {
+    for (int n = 0; n < 8; ++n) {
+      float acc = C[m][n];
+      for (int k = 0; k < K; ++k) acc += A[m][k] * B[k][n];  // each product is exact in fp32
+      D[m][n] = acc;
+    }
+  }
+  for (unsigned lane = 0; lane < 32; ++lane) {
+    const auto& r = *static_cast<MmaRecord*>(lanes[lane]->data);
+    const int g = static_cast<int>(lane >> 2), t = static_cast<int>(lane & 3u);
+    for (int i = 0; i < 4; ++i) r.d[i] = D[g + (i >= 2 ? 8 : 0)][2 * t + (i & 1)];
+  }
+}
+const Collective kMmaE4m3{"mma.sync.m16n8k32.e4m3", resolve_mma<32, 4>};
+const Collective kMmaBf16{"mma.sync.m16n8k16.bf16", resolve_mma<16, 2>};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// The public entry points
+// ---------------------------------------------------------------------------------------------
+void set_error_mode(ErrorMode mode) { sim().mode.store(mode); }
+ErrorMode error_mode() { return sim().mode.load(); }
+
+void outside_kernel(const char* what) {
+  raise_error(fmt::format("{} used outside a simulated kernel (host code, or a kernel called directly "
+                          "instead of through gpu::launch)",
+                          what));
+}
+
+int block_barrier(BarrierOp op, int pred, const Location& loc) {
+  Fiber& f = current_fiber(barrier_name(op));
+  f.state = State::kBarrier;
+  f.barrier_op = op;
+  f.pred = pred;
+  f.where = loc;
+  yield(f);
+  return f.barrier_result;
+}
+
+void syncwarp(unsigned mask, const Location& loc) { wait_warp(kSyncwarp, mask, nullptr, loc); }
+
+std::uint64_t shfl(ShflMode mode, unsigned mask, std::uint64_t bits, int lane_arg, int width, const Location& loc) {
+  const Collective* kinds[] = {&kShflIdx, &kShflUp, &kShflDown, &kShflXor};
+  const Collective& kind = *kinds[static_cast<int>(mode)];
+  if (width < 1 || width > 32 || (width & (width - 1)) != 0) {
+    fiber_fail(current_fiber(kind.name), [&] {
+      return fmt::format("{} at {}: width {} is not a power of two in [1, 32]", kind.name, format_location(loc), width);
+    });
+  }
+  ShflRecord record{bits, lane_arg, width, mode, 0};
+  wait_warp(kind, mask, &record, loc);
+  return record.result;
+}
+
+unsigned vote(VoteMode mode, unsigned mask, int pred, const Location& loc) {
+  const Collective* kinds[] = {&kBallot, &kAny, &kAll};
+  VoteRecord record{mode, pred, 0};
+  wait_warp(*kinds[static_cast<int>(mode)], mask, &record, loc);
+  return record.result;
+}
+
+unsigned reduce(ReduceOp op, unsigned mask, unsigned value, const Location& loc) {
+  const Collective* kinds[] = {&kReduceAdd, &kReduceMinU, &kReduceMaxU, &kReduceMinS,
+                               &kReduceMaxS, &kReduceAnd,  &kReduceOr,   &kReduceXor};
+  ReduceRecord record{op, value, 0};
+  wait_warp(*kinds[static_cast<int>(op)], mask, &record, loc);
+  return record.result;
+}
+
+unsigned match_any(unsigned mask, std::uint64_t value, const Location& loc) {
+  MatchRecord record{value, 0, 0};
+  wait_warp(kMatchAny, mask, &record, loc);
+  return record.result;
+}
+
+unsigned match_all(unsigned mask, std::uint64_t value, int* pred, const Location& loc) {
+  MatchRecord record{value, 0, 0};
+  wait_warp(kMatchAll, mask, &record, loc);
+  if (pred != nullptr) *pred = record.all_equal;
+  return record.all_equal ? record.result : 0u;
+}
+
+void mma_m16n8k32_e4m3(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2], const float (&c)[4],
+                       const Location& loc) {
+  MmaRecord record{a, b, c, d};
+  wait_warp(kMmaE4m3, kFullMask, &record, loc);
+}
+
+void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2], const float (&c)[4],
+                       const Location& loc) {
+  MmaRecord record{a, b, c, d};
+  wait_warp(kMmaBf16, kFullMask, &record, loc);
+}
+
+void cp_async_16(void* smem, const void* gmem, bool valid, const Location& loc) {
+  Fiber& f = current_fiber("cp_async_16");
+  const auto misaligned = [](const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) != 0; };
+  if (misaligned(smem) || (valid && misaligned(gmem))) {
+    fiber_fail(f, [&] {
+      return fmt::format("cp_async_16 at {}: addresses must be 16-byte aligned (shared {}, global {})",
+                         format_location(loc), smem, gmem);
+    });
+  }
+  PendingCopy copy{static_cast<unsigned char*>(smem), f.next_group, {}};
+  if (valid) std::memcpy(copy.bytes, gmem, sizeof(copy.bytes));
+  f.copies.push_back(copy);
+}
+
+void cp_async_commit() { ++current_fiber("cp_async_commit").next_group; }
+
+void cp_async_wait(int pending_groups) {
+  Fiber& f = current_fiber("cp_async_wait");
+  if (pending_groups < 0) {
+    deliver_copies(f, true, 0);
+    return;
+  }
+  // Committed groups are 0 .. next_group-1; the newest `pending_groups` of them may stay pending.
+  const unsigned n = static_cast<unsigned>(pending_groups);
+  deliver_copies(f, false, f.next_group >= n ? f.next_group - n : 0);
+}
+
+unsigned char* dynamic_smem() {
+  Simulator& s = sim();
+  if (s.launch == nullptr || s.current == nullptr) outside_kernel("dynamic shared memory");
+  return s.launch->smem;
+}
+
+void device_assert_failed(const char* condition, const char* file, int line) {
+  fiber_fail(current_fiber("DSV4_DEVICE_ASSERT"),
+             [&] { return fmt::format("device assertion `{}` failed at {}:{}", condition, file, line); });
+}
+
+void trap(const Location& loc) {
+  fiber_fail(current_fiber("__trap"), [&] { return fmt::format("__trap() at {}", format_location(loc)); });
+}
+
+void set_max_dynamic_smem(KernelId kernel, std::size_t bytes) {
+  if (bytes > kOptinSmemLimit) {
+    fail("cudaFuncSetAttribute(MaxDynamicSharedMemorySize = {}) failed for {}: invalid argument (the simulated "
+         "H200 allows at most {} bytes)",
+         bytes, kernel_name(kernel), kOptinSmemLimit);
+  }
+  Simulator& s = sim();
+  std::lock_guard lock(s.attribute_mutex);
+  s.max_dynamic_smem[kernel] = bytes;
+}
+
+void run_grid(const LaunchRequest& request) {
+  Simulator& s = sim();
+  auto refuse = [&](const std::string& why) {
+    fail("kernel launch failed: {} with grid {}, block {}, {} bytes of dynamic shared memory: {} (simulated)",
+         kernel_name(request.kernel), format_dim(request.grid), format_dim(request.block), request.smem_bytes, why);
+  };
+  if (t_builtins != nullptr) refuse("launch from inside a kernel (dynamic parallelism) is not simulated");
+  const dim3 g = request.grid, b = request.block;
+  if (b.x == 0 || b.y == 0 || b.z == 0 || b.x > 1024 || b.y > 1024 || b.z > 64 ||
+      std::uint64_t{b.x} * b.y * b.z > kMaxThreads) {
+    refuse("invalid configuration argument (block size)");
+  }
+  if (g.x == 0 || g.y == 0 || g.z == 0 || g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535) {
+    refuse("invalid configuration argument (grid size)");
+  }
+  if (request.smem_bytes > kDefaultSmemLimit) {
+    std::size_t limit = kDefaultSmemLimit;
+    {
+      std::lock_guard lock(s.attribute_mutex);
+      auto it = s.max_dynamic_smem.find(request.kernel);
+      if (it != s.max_dynamic_smem.end()) limit = std::max(limit, it->second);
+    }
+    if (request.smem_bytes > limit) {
+      refuse(fmt::format("invalid argument: more than the kernel's limit of {} bytes (above 48 KB, call "
+                         "gpu::set_max_dynamic_smem first; at most {} bytes)",
+                         limit, kOptinSmemLimit));
+    }
+  }
+
+  std::lock_guard lock(s.launch_mutex);
+  const unsigned threads = b.x * b.y * b.z;
+  while (s.fibers.size() < threads) {
+    auto f = std::make_unique<Fiber>();
+    allocate_stack(*f);
+    s.fibers.push_back(std::move(f));
+  }
+  Launch launch{request.kernel, g, b, threads, request.smem_bytes, request.body, request.context};
+  launch.smem_capacity = (std::max<std::size_t>(request.smem_bytes, 1) + 127) / 128 * 128;
+  std::unique_ptr<unsigned char, void (*)(void*)> smem(
+      static_cast<unsigned char*>(std::aligned_alloc(128, launch.smem_capacity)), std::free);
+  if (!smem) refuse("cannot allocate the simulated shared memory");
+  launch.smem = smem.get();
+
+  struct Reset {
+    ~Reset() {
+      Simulator& sm = sim();
+      sm.launch = nullptr;
+      sm.current = nullptr;
+      sm.kernel_exception = nullptr;
+      t_builtins = nullptr;
+    }
+  } reset;
+  s.launch = &launch;
+  for (unsigned z = 0; z < g.z; ++z) {
+    for (unsigned y = 0; y < g.y; ++y) {
+      for (unsigned x = 0; x < g.x; ++x) {
+        launch.block_idx = uint3{x, y, z};
+        run_block(launch);
+      }
+    }
+  }
+}
+
+}  // namespace dsv4::gpu::sim

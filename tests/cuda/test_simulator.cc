@@ -1,0 +1,331 @@
+// The SIMT simulator's own checks, which only exist in the simulator: deadlocks, barrier and warp
+// collective divergence, launch limits, device assertions, poisoned memory, late cp.async data,
+// and its speed. (The behaviour it shares with the GPU is in test_device_language.cu.)
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "cuda/device.h"
+#include "cuda/runtime.h"
+
+namespace gpu = dsv4::gpu;
+namespace sim = dsv4::gpu::sim;
+using testing::AllOf;
+using testing::HasSubstr;
+
+namespace {
+
+gpu::Stream& test_stream() {
+  static gpu::Stream stream;
+  return stream;
+}
+
+// Runs `launch` in throwing mode and returns the SimError's message ("" when nothing was thrown).
+template <class F>
+std::string sim_error(F&& launch) {
+  sim::ScopedErrorMode mode(sim::ErrorMode::kThrow);
+  try {
+    launch();
+  } catch (const sim::SimError& e) {
+    if (std::getenv("DSV4_SHOW_SIM_ERRORS")) std::printf("%s\n", e.what());
+    return e.what();
+  }
+  return "";
+}
+
+// ---- a healthy kernel, to check the simulator still works after a failed launch ----
+__global__ void iota_kernel(int* out) {
+  __shared__ int slots[128];
+  slots[threadIdx.x] = static_cast<int>(threadIdx.x);
+  __syncthreads();
+  out[threadIdx.x] = slots[127 - threadIdx.x] + __shfl_xor_sync(0xffffffffu, 0, 1);
+}
+
+void expect_simulator_healthy() {
+  gpu::DeviceBuffer out(128 * sizeof(int));
+  gpu::launch(iota_kernel, dim3(1), dim3(128), 0, test_stream().handle(), out.as<int>());
+  for (int i = 0; i < 128; ++i) ASSERT_EQ(out.as<int>()[i], 127 - i);
+}
+
+// ---- kernels with bugs ----
+__global__ void skip_barrier_kernel(int* out) {
+  if (threadIdx.x < 64) __syncthreads();  // half the block skips this barrier
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
+__global__ void warp_vs_block_deadlock_kernel(int* out) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  if (lane < 16) {
+    out[threadIdx.x] = __shfl_sync(0xffffffffu, lane, 0);  // waits for lanes 16-31...
+  } else {
+    __syncthreads();  // ...which wait for lanes 0-15 here
+  }
+}
+
+__global__ void divergent_collectives_kernel(unsigned* out) {
+  const unsigned lane = threadIdx.x;
+  if (lane % 2 == 0) {
+    out[lane] = static_cast<unsigned>(__shfl_sync(0xffffffffu, static_cast<int>(lane), 0));
+  } else {
+    out[lane] = __ballot_sync(0xffffffffu, 1);
+  }
+}
+
+__global__ void assert_kernel(int* out) {
+  DSV4_DEVICE_ASSERT(blockIdx.x != 1 || threadIdx.x != 7);
+  out[blockIdx.x * blockDim.x + threadIdx.x] = 1;
+}
+
+__global__ void bad_width_kernel(int* out) { out[threadIdx.x] = __shfl_down_sync(0xffffffffu, 1, 1, 12); }
+
+__global__ void foreign_mask_kernel(int* out) { out[threadIdx.x] = __shfl_sync(0x0000ffffu, 1, 0); }
+
+__global__ void partial_warp_mma_kernel(float* out) {
+  if (threadIdx.x >= 16) return;
+  const std::uint32_t a[4] = {0, 0, 0, 0}, b[2] = {0, 0};
+  const float c[4] = {0, 0, 0, 0};
+  float d[4];
+  gpu::mma_m16n8k16_bf16(d, a, b, c);
+  out[threadIdx.x] = d[0];
+}
+
+__global__ void misaligned_cp_async_kernel(const unsigned char* src) {
+  DSV4_DYNAMIC_SMEM(unsigned char, stage);
+  gpu::cp_async_16(stage + 16 * threadIdx.x, src + 16 * threadIdx.x + 4);
+  gpu::cp_async_wait_all();
+}
+
+__global__ void throwing_kernel(int* out) {
+  if (threadIdx.x == 3) throw std::runtime_error("thrown by a simulated thread");
+  out[threadIdx.x] = 1;
+}
+
+// ---- kernels with correct but unusual behaviour ----
+__global__ void early_exit_kernel(int* out) {
+  if (threadIdx.x % 2 == 1) return;  // exited threads do not hold up the barrier
+  __syncthreads();
+  out[threadIdx.x] = 7;
+}
+
+__global__ void partial_last_warp_kernel(int* out) {
+  // 48 threads: warp 1 has lanes 0-15 only. Reading a lane that does not exist gives 0.
+  out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, static_cast<int>(threadIdx.x) + 1, 16);
+}
+
+__global__ void independent_syncwarp_kernel(int* out) {
+  // Lane 1 synchronizes alone first; then lanes 0 and 1 shuffle together.
+  const int lane = static_cast<int>(threadIdx.x);
+  if (lane == 1) __syncwarp(0x2u);
+  if (lane < 2) out[lane] = __shfl_sync(0x3u, lane + 10, 1 - lane);
+}
+
+__global__ void early_read_kernel(const uint4* src, unsigned* out) {
+  DSV4_DYNAMIC_SMEM(uint4, stage);
+  const unsigned t = threadIdx.x;
+  gpu::cp_async_16(&stage[t], &src[t]);
+  gpu::cp_async_commit();
+  out[2 * t] = stage[t].x;  // too early: the copy has not landed
+  gpu::cp_async_wait<0>();
+  out[2 * t + 1] = stage[t].x;
+}
+
+__global__ void smem_limit_kernel(float* out) {
+  DSV4_DYNAMIC_SMEM(float, s);
+  s[threadIdx.x] = static_cast<float>(threadIdx.x);
+  __syncthreads();
+  out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+
+__global__ void barriers_kernel(int* out) {
+  __shared__ int slots[256];
+  int acc = 0;
+  for (int i = 0; i < 5; ++i) {  // 10 barriers
+    slots[threadIdx.x] = i + static_cast<int>(threadIdx.x);
+    __syncthreads();
+    acc += slots[(threadIdx.x + 1) % 256];
+    __syncthreads();
+  }
+  out[blockIdx.x * 256 + threadIdx.x] = acc;
+}
+
+// =================================================================================================
+
+TEST(Simulator, BarrierSkippedByHalfTheBlockIsReported) {
+  gpu::DeviceBuffer out(128 * sizeof(int));
+  const std::string error = sim_error(
+      [&] { gpu::launch(skip_barrier_kernel, dim3(1), dim3(128), 0, test_stream().handle(), out.as<int>()); });
+  EXPECT_THAT(error, AllOf(HasSubstr("barrier divergence"), HasSubstr("skip_barrier_kernel"),
+                           HasSubstr("test_simulator.cc:"), HasSubstr("block (0, 0, 0)")));
+  expect_simulator_healthy();
+}
+
+TEST(Simulator, DeadlockIsReportedWithWhereEveryThreadWaits) {
+  gpu::DeviceBuffer out(64 * sizeof(int));
+  const std::string error = sim_error([&] {
+    gpu::launch(warp_vs_block_deadlock_kernel, dim3(2), dim3(64), 0, test_stream().handle(), out.as<int>());
+  });
+  EXPECT_THAT(error, AllOf(HasSubstr("deadlock"), HasSubstr("warp_vs_block_deadlock_kernel"),
+                           HasSubstr("threads 0-15 (warp 0): __shfl_sync (mask 0xffffffff)"),
+                           HasSubstr("threads 16-31 (warp 0): __syncthreads at")));
+  expect_simulator_healthy();
+}
+
+TEST(Simulator, DivergentWarpCollectivesAreReported) {
+  gpu::DeviceBuffer out(32 * sizeof(unsigned));
+  const std::string error = sim_error([&] {
+    gpu::launch(divergent_collectives_kernel, dim3(1), dim3(32), 0, test_stream().handle(), out.as<unsigned>());
+  });
+  EXPECT_THAT(error, AllOf(HasSubstr("divergent warp collectives in warp 0"), HasSubstr("__shfl_sync"),
+                           HasSubstr("__ballot_sync")));
+  expect_simulator_healthy();
+}
+
+TEST(Simulator, DeviceAssertionNamesBlockAndThread) {
+  gpu::DeviceBuffer out(2 * 32 * sizeof(int));
+  const std::string error = sim_error(
+      [&] { gpu::launch(assert_kernel, dim3(2), dim3(32), 0, test_stream().handle(), out.as<int>()); });
+  EXPECT_THAT(error, AllOf(HasSubstr("device assertion `blockIdx.x != 1 || threadIdx.x != 7` failed"),
+                           HasSubstr("block (1, 0, 0)"), HasSubstr("thread (7, 0, 0) (warp 0, lane 7)"),
+                           HasSubstr("assert_kernel")));
+  expect_simulator_healthy();
+}
+
+TEST(Simulator, MisusedPrimitivesAreReported) {
+  gpu::DeviceBuffer out(64 * sizeof(int));
+  EXPECT_THAT(sim_error([&] {
+                gpu::launch(bad_width_kernel, dim3(1), dim3(32), 0, test_stream().handle(), out.as<int>());
+              }),
+              HasSubstr("width 12 is not a power of two"));
+  EXPECT_THAT(sim_error([&] {
+                gpu::launch(foreign_mask_kernel, dim3(1), dim3(32), 0, test_stream().handle(), out.as<int>());
+              }),
+              HasSubstr("does not include the calling lane 16"));
+  EXPECT_THAT(sim_error([&] {
+                gpu::launch(partial_warp_mma_kernel, dim3(1), dim3(32), 0, test_stream().handle(),
+                            out.as<float>());
+              }),
+              HasSubstr("needs all 32 lanes"));
+  gpu::DeviceBuffer src(1024);
+  EXPECT_THAT(sim_error([&] {
+                gpu::launch(misaligned_cp_async_kernel, dim3(1), dim3(4), 64, test_stream().handle(),
+                            static_cast<const unsigned char*>(src.data()));
+              }),
+              HasSubstr("must be 16-byte aligned"));
+  EXPECT_THAT(sim_error([] { (void)threadIdx.x; }), HasSubstr("threadIdx used outside a simulated kernel"));
+  expect_simulator_healthy();
+}
+
+TEST(Simulator, ExceptionsFromKernelCodePropagate) {
+  gpu::DeviceBuffer out(32 * sizeof(int));
+  EXPECT_THROW(gpu::launch(throwing_kernel, dim3(1), dim3(32), 0, test_stream().handle(), out.as<int>()),
+               std::runtime_error);
+  expect_simulator_healthy();
+}
+
+TEST(SimulatorDeathTest, AbortsWithTheReportByDefault) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  ASSERT_EQ(sim::error_mode(), sim::ErrorMode::kAbort);
+  EXPECT_DEATH(
+      {
+        gpu::DeviceBuffer out(32 * sizeof(int));
+        gpu::launch(warp_vs_block_deadlock_kernel, dim3(1), dim3(32), 0, test_stream().handle(), out.as<int>());
+      },
+      "dsv4 sim: kernel .*warp_vs_block_deadlock_kernel.*deadlock");
+}
+
+TEST(Simulator, ExitedThreadsDoNotHoldUpBarriers) {
+  gpu::DeviceBuffer out(64 * sizeof(int));
+  gpu::fill_bytes(out.data(), 0, out.size(), test_stream());
+  gpu::launch(early_exit_kernel, dim3(1), dim3(64), 0, test_stream().handle(), out.as<int>());
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(out.as<int>()[i], i % 2 == 0 ? 7 : 0);
+}
+
+TEST(Simulator, MissingLanesOfAPartialWarpReadAsZero) {
+  gpu::DeviceBuffer out(48 * sizeof(int));
+  gpu::launch(partial_last_warp_kernel, dim3(1), dim3(48), 0, test_stream().handle(), out.as<int>());
+  for (int i = 0; i < 48; ++i) EXPECT_EQ(out.as<int>()[i], i < 32 ? (i ^ 16) + 1 : 0) << i;
+}
+
+TEST(Simulator, CollectivesWithDifferentMasksReleaseIndependently) {
+  gpu::DeviceBuffer out(2 * sizeof(int));
+  gpu::launch(independent_syncwarp_kernel, dim3(1), dim3(32), 0, test_stream().handle(), out.as<int>());
+  EXPECT_EQ(out.as<int>()[0], 11);
+  EXPECT_EQ(out.as<int>()[1], 10);
+}
+
+TEST(Simulator, CpAsyncDataLandsAtTheWait) {
+  const int n = 32;
+  std::vector<uint4> src(n);
+  for (int i = 0; i < n; ++i) src[i] = make_uint4(static_cast<unsigned>(i), 0, 0, 0);
+  gpu::DeviceBuffer d_src(n * sizeof(uint4)), out(2 * n * sizeof(unsigned));
+  gpu::copy_to_device(d_src.data(), src.data(), d_src.size(), test_stream());
+  gpu::launch(early_read_kernel, dim3(1), dim3(n), n * sizeof(uint4), test_stream().handle(), d_src.as<uint4>(),
+              out.as<unsigned>());
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(out.as<unsigned>()[2 * i], 0xffffffffu) << i;  // the poison of fresh shared memory
+    EXPECT_EQ(out.as<unsigned>()[2 * i + 1], static_cast<unsigned>(i)) << i;
+  }
+}
+
+TEST(Simulator, DynamicSharedMemoryLimits) {
+  gpu::DeviceBuffer out(64 * sizeof(float));
+  auto run = [&](std::size_t bytes) {
+    gpu::launch(smem_limit_kernel, dim3(1), dim3(64), bytes, test_stream().handle(), out.as<float>());
+  };
+  run(48 * 1024);  // the default limit
+  try {
+    run(64 * 1024);
+    ADD_FAILURE() << "a launch with 64 KB of dynamic shared memory but no attribute was accepted";
+  } catch (const dsv4::Error& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("smem_limit_kernel"), HasSubstr("set_max_dynamic_smem")));
+  }
+  gpu::set_max_dynamic_smem(smem_limit_kernel, 100 * 1024);
+  run(64 * 1024);
+  run(100 * 1024);
+  EXPECT_THROW(run(100 * 1024 + 4), dsv4::Error);
+  EXPECT_THROW(gpu::set_max_dynamic_smem(smem_limit_kernel, 227 * 1024 + 1), dsv4::Error);
+  gpu::set_max_dynamic_smem(smem_limit_kernel, 227 * 1024);
+  run(227 * 1024);
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(out.as<float>()[i], static_cast<float>((i + 1) % 64));
+  EXPECT_THROW(gpu::launch(smem_limit_kernel, dim3(1), dim3(1025), 0, test_stream().handle(), out.as<float>()),
+               dsv4::Error);
+  EXPECT_THROW(gpu::launch(smem_limit_kernel, dim3(1, 70000), dim3(32), 0, test_stream().handle(), out.as<float>()),
+               dsv4::Error);
+}
+
+TEST(Simulator, FreshDeviceBuffersArePoisoned) {
+  gpu::DeviceBuffer buffer(1000);
+  for (std::size_t i = 0; i < buffer.size(); ++i) ASSERT_EQ(static_cast<unsigned char*>(buffer.data())[i], 0xff);
+  EXPECT_TRUE(gpu::simulated());
+  EXPECT_EQ(gpu::device_info().name, "simulated H200");
+}
+
+TEST(Simulator, BarriersAreCheap) {
+  const int blocks = 200;
+  gpu::DeviceBuffer out(blocks * 256 * sizeof(int));
+  const auto start = std::chrono::steady_clock::now();
+  gpu::launch(barriers_kernel, dim3(blocks), dim3(256), 0, test_stream().handle(), out.as<int>());
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / blocks;
+  std::printf("a block of 256 threads with 10 barriers: %.3f ms\n", ms);
+#if defined(__OPTIMIZE__) && !defined(__SANITIZE_ADDRESS__) && !defined(DSV4_SIM_UCONTEXT)
+  EXPECT_LT(ms, 1.0);
+#else
+  EXPECT_LT(ms, 50.0);  // sanitizers, -O0 or the ucontext fallback
+#endif
+  for (int t = 0; t < 256; ++t) {
+    int want = 0;
+    for (int i = 0; i < 5; ++i) want += i + (t + 1) % 256;
+    ASSERT_EQ(out.as<int>()[t], want);
+  }
+}
+
+}  // namespace
