@@ -1,0 +1,99 @@
+// Matrix products of the GPU executor, with the reference's numerics (SPEC.md 5a):
+//   fp8 / fp4 weights: the bf16 activation row is quantized to e4m3 in blocks of 128 along k
+//     (power-of-two scales, quantize_activations), products accumulate in fp32 per weight-scale
+//     block and are scaled block by block, the result rounded to bf16 (or kept fp32);
+//   bf16 weights (and the bf16 einsum over fp8 weights, wo_a): bf16 activations, fp32
+//     accumulation -- for bf16-valued inputs the same as the reference's fp32 products.
+// CPU twins: cpu/linear.h (linear, linear_bf16, linear_f32, linear_grouped_bf16).
+//
+// Kernels (gemm.cu): a CUDA-core kernel for few rows (decode: bound by reading the weight) and
+// tensor-core tile kernels for many rows (mma.sync e4m3 for fp8/fp4 weights, whose fp4 values
+// are rebuilt as e4m3 in shared memory; mma.sync bf16 otherwise), chosen by row count. The same
+// entry points serve dense layers and the MoE experts (rows grouped by expert through a tile map).
+// Shapes: weights [n, k] row-major (one output feature per row); k a multiple of 32.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/stream_handle.h"
+
+namespace dsv4::gpu {
+
+enum class WeightFormat : std::int32_t {
+  kBf16,   // bf16 [n][k]
+  kFp8,    // e4m3 [n][k], fp32 scales [ceil(n/128)][ceil(k/128)] (UE8M0 values widened)
+  kFp4,    // packed e2m1 [n][k/2] (low nibble = even k), UE8M0 bytes [n][k/32]
+};
+
+// One weight matrix on the device, or `experts` of them stacked (expert e at data +
+// e * expert_stride bytes, its scales at scale + e * scale_stride elements / bytes).
+struct DeviceWeight {
+  WeightFormat format = WeightFormat::kBf16;
+  std::int64_t n = 0, k = 0;
+  const void* data = nullptr;
+  const void* scale = nullptr;  // kFp8: const float*; kFp4: const uint8_t*; kBf16: null
+  std::int64_t expert_stride = 0;  // bytes between stacked experts' data
+  std::int64_t scale_stride = 0;   // elements (fp32 or bytes) between stacked experts' scales
+};
+
+// bf16 activations quantized for an fp8/fp4 GEMM: codes [rows][k] e4m3, scales [rows][ceil(k/128)].
+struct QuantizedRows {
+  const std::uint8_t* codes = nullptr;
+  const float* scales = nullptr;
+  std::int64_t k = 0;
+};
+
+// Where a GEMM writes: row r (its output row), column c at out + r * ld + c.
+struct GemmOutput {
+  void* data = nullptr;
+  std::int64_t ld = 0;       // elements between rows
+  bool f32 = false;          // fp32 values, else bf16 (rounded)
+};
+
+// Rows grouped by expert (MoE), built by moe_permute (moe.h): permuted row i (in expert order)
+// reads activation row `source_row[i]` (row i itself when source_row is null) and writes output
+// row i. The GEMM runs
+// tile by tile: tile t covers permuted rows [tile_row0[t], tile_row0[t] + tile_rows[t]) of
+// expert tile_expert[t]; tiles at or past *num_tiles do nothing.
+struct ExpertTiles {
+  const std::int32_t* source_row = nullptr;
+  const std::int32_t* tile_expert = nullptr;
+  const std::int32_t* tile_row0 = nullptr;
+  const std::int32_t* tile_rows = nullptr;
+  const std::int32_t* num_tiles = nullptr;
+  std::int32_t max_tiles = 0;  // grid bound
+  std::int32_t tile_m = 0;     // rows per tile the map was built for (kSmallRows or kTileRows)
+};
+
+// Which kernel runs a product: by row count (kAuto), or forced (tests compare both).
+enum class GemmPath : std::int32_t { kAuto, kCudaCores, kTensorCores };
+
+inline constexpr int kSmallRows = 8;    // rows the CUDA-core kernel takes at once
+inline constexpr int kTileRows = 128;   // rows of a tensor-core tile
+
+// The tile height to build expert tiles with, for `total_rows` routed rows over `experts`
+// experts: kSmallRows (CUDA-core kernel) when experts get few rows each, else kTileRows.
+int expert_tile_rows(std::int64_t total_rows, std::int64_t experts);
+
+// codes/scales for rows [0, rows) of x (bf16 [rows][ld], the first k columns). `rows_dev`,
+// when set, is a device count that limits the rows actually quantized (graph replay).
+void quantize_activations(const std::uint16_t* x, std::int64_t ld, std::int64_t rows, std::int64_t k,
+                          std::uint8_t* codes, float* scales, const std::int32_t* rows_dev, gpu_stream_t stream);
+
+// out[r] = W . dequant(a[r]) for rows [0, rows): fp8/fp4 weights only.
+void gemm_quantized(const QuantizedRows& a, std::int64_t rows, const DeviceWeight& w, const GemmOutput& out,
+                    const std::int32_t* rows_dev, gpu_stream_t stream, GemmPath path = GemmPath::kAuto);
+// The same over expert-grouped rows (w holds the stacked experts).
+void gemm_quantized_experts(const QuantizedRows& a, const ExpertTiles& tiles, const DeviceWeight& w,
+                            const GemmOutput& out, gpu_stream_t stream);
+
+// out[r] = W . a[r] with bf16 activations a [rows][lda]; w bf16 or fp8 (used as its bf16
+// values). groups > 1: the grouped product of wo_a -- group g multiplies activation columns
+// [g * w.k, (g + 1) * w.k) with weight rows [g * n/groups, (g + 1) * n/groups) into output
+// columns of the same range.
+void gemm_bf16(const std::uint16_t* a, std::int64_t lda, std::int64_t rows, const DeviceWeight& w, int groups,
+               const GemmOutput& out, const std::int32_t* rows_dev, gpu_stream_t stream,
+               GemmPath path = GemmPath::kAuto);
+
+
+}  // namespace dsv4::gpu

@@ -1,0 +1,273 @@
+// Residual-stream kernels (hyper.h). CPU twins: cpu/hyper_connections.cc, cpu/rms_norm.cc.
+#include "cuda/kernels/hyper.h"
+
+#include "cuda/kernels/launch_check.h"
+#include "cuda/device.h"
+#include "cuda/kernels/numerics.cuh"
+#include "cuda/kernels/reduce.cuh"
+
+namespace dsv4::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxHc = 4;
+constexpr int kMaxMix = (2 + kMaxHc) * kMaxHc;
+
+__device__ __forceinline__ bool row_live(std::int64_t row, std::int64_t rows, const std::int32_t* rows_dev) {
+  return row < rows && (rows_dev == nullptr || row < *rows_dev);
+}
+
+__global__ void embed_kernel(const DeviceStep* step, const std::uint16_t* embed, std::uint16_t* h, int hc,
+                             std::int64_t dim) {
+  const std::int64_t row = blockIdx.y;
+  if (row >= step->n_tokens) return;
+  const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= dim) return;
+  const std::uint16_t v = embed[static_cast<std::int64_t>(step->token_ids[row]) * dim + k];
+  for (int i = 0; i < hc; ++i) h[(row * hc + i) * dim + k] = v;
+}
+
+// The fp32 mixes of one token's streams (hc_mixes): sum of squares and n_mix dot products,
+// reduced over the block; returns them in `mixes` (shared) for every thread.
+__device__ void block_mixes(const std::uint16_t* hrow, const float* fn, std::int64_t n, int n_mix, float eps,
+                            float* red /* [kMaxMix + 1][32] */, float* mixes /* [kMaxMix] */) {
+  float dot[kMaxMix];
+  DSV4_UNROLL
+  for (int m = 0; m < kMaxMix; ++m) dot[m] = 0.0f;
+  float sumsq = 0.0f;
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = bf16_value(hrow[i]);
+    sumsq += v * v;
+    DSV4_UNROLL
+    for (int m = 0; m < kMaxMix; ++m)
+      if (m < n_mix) dot[m] += v * fn[m * n + i];
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  sumsq = warp_sum(sumsq);
+  DSV4_UNROLL
+  for (int m = 0; m < kMaxMix; ++m) dot[m] = warp_sum(dot[m]);
+  if (lane == 0) {
+    red[kMaxMix * 32 + warp] = sumsq;
+    for (int m = 0; m < n_mix; ++m) red[m * 32 + warp] = dot[m];
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) total += red[kMaxMix * 32 + w];
+    const float r = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
+    for (int m = 0; m < n_mix; ++m) {
+      float d = 0.0f;
+      for (int w = 0; w < warps; ++w) d += red[m * 32 + w];
+      mixes[m] = d * r;
+    }
+  }
+  __syncthreads();
+}
+
+// y = bf16(sum_i pre_i h_i) then x = bf16(w * y * rsqrt(mean(y^2) + eps)) over `dim`; ybuf: [dim] floats.
+__device__ void weighted_sum_norm(const std::uint16_t* hrow, const float* pre, int hc, std::int64_t dim,
+                                  const float* norm_w, float eps, float* ybuf, float* scratch, std::uint16_t* xrow) {
+  float sumsq = 0.0f;
+  for (std::int64_t k = threadIdx.x; k < dim; k += blockDim.x) {
+    float acc = 0.0f;
+    for (int i = 0; i < hc; ++i) acc = add_rn(acc, mul_rn(pre[i], bf16_value(hrow[i * dim + k])));
+    const float y = round_bf16(acc);
+    ybuf[k] = y;
+    sumsq += y * y;
+  }
+  const float total = block_sum(sumsq, scratch);
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
+  for (std::int64_t k = threadIdx.x; k < dim; k += blockDim.x) store_bf16(xrow + k, norm_w[k] * (ybuf[k] * inv));
+}
+
+__global__ void __launch_bounds__(kThreads) hc_pre_kernel(const std::uint16_t* h, HcWeights w, const float* norm_w,
+                                                          HcShape s, std::int64_t rows, std::uint16_t* x, float* post,
+                                                          float* comb, const std::int32_t* rows_dev) {
+  DSV4_DYNAMIC_SMEM(float, ybuf);
+  __shared__ float red[(kMaxMix + 1) * 32];
+  __shared__ float mixes[kMaxMix];
+  __shared__ float pre[kMaxHc];
+  const std::int64_t row = blockIdx.x;
+  if (!row_live(row, rows, rows_dev)) return;
+  const int hc = s.hc, n_mix = (2 + hc) * hc;
+  const std::int64_t n = hc * s.dim;
+  const std::uint16_t* hrow = h + row * n;
+  block_mixes(hrow, w.fn, n, n_mix, s.norm_eps, red, mixes);
+  if (threadIdx.x == 0) {
+    // hc_split_sinkhorn, in the CPU's order of operations.
+    const float eps = s.hc_eps;
+    float c[kMaxHc * kMaxHc];
+    for (int i = 0; i < hc; ++i) {
+      pre[i] = sigmoid_ref(mixes[i] * w.scale[0] + w.base[i]) + eps;
+      post[row * hc + i] = 2.0f * sigmoid_ref(mixes[hc + i] * w.scale[1] + w.base[hc + i]);
+    }
+    for (int q = 0; q < hc * hc; ++q) c[q] = mixes[2 * hc + q] * w.scale[2] + w.base[2 * hc + q];
+    for (int it = 0; it < s.sinkhorn_iters; ++it) {
+      for (int i = 0; i < hc; ++i) {
+        float* rw = c + i * hc;
+        if (it == 0) {
+          float mx = rw[0];
+          for (int j = 1; j < hc; ++j) mx = fmaxf(mx, rw[j]);
+          float sum = 0.0f;
+          for (int j = 0; j < hc; ++j) {
+            rw[j] = expf(rw[j] - mx);
+            sum += rw[j];
+          }
+          for (int j = 0; j < hc; ++j) rw[j] = rw[j] / sum + eps;
+        } else {
+          float sum = 0.0f;
+          for (int j = 0; j < hc; ++j) sum += rw[j];
+          for (int j = 0; j < hc; ++j) rw[j] = rw[j] / (sum + eps);
+        }
+      }
+      for (int j = 0; j < hc; ++j) {
+        float sum = 0.0f;
+        for (int i = 0; i < hc; ++i) sum += c[i * hc + j];
+        for (int i = 0; i < hc; ++i) c[i * hc + j] = c[i * hc + j] / (sum + eps);
+      }
+    }
+    for (int q = 0; q < hc * hc; ++q) comb[row * hc * hc + q] = c[q];
+  }
+  __syncthreads();
+  weighted_sum_norm(hrow, pre, hc, s.dim, norm_w, s.norm_eps, ybuf, red, x + row * s.dim);
+}
+
+__global__ void __launch_bounds__(kThreads) hc_head_kernel(const std::uint16_t* h, const DeviceStep* step, bool all_tokens,
+                                                           HcWeights w, const float* norm_w, HcShape s, std::uint16_t* y) {
+  DSV4_DYNAMIC_SMEM(float, ybuf);
+  __shared__ float red[(kMaxMix + 1) * 32];
+  __shared__ float mixes[kMaxMix];
+  __shared__ float pre[kMaxHc];
+  const std::int64_t i = blockIdx.x;
+  if (i >= (all_tokens ? step->n_tokens : step->n_logits)) return;
+  const int hc = s.hc;
+  const std::int64_t n = hc * s.dim;
+  const std::int64_t row = all_tokens ? i : static_cast<std::int64_t>(step->logits_tokens[i]);
+  const std::uint16_t* hrow = h + row * n;
+  block_mixes(hrow, w.fn, n, hc, s.norm_eps, red, mixes);
+  if (static_cast<int>(threadIdx.x) < hc) pre[threadIdx.x] = sigmoid_ref(mixes[threadIdx.x] * w.scale[0] + w.base[threadIdx.x]) + s.hc_eps;
+  __syncthreads();
+  weighted_sum_norm(hrow, pre, hc, s.dim, norm_w, s.norm_eps, ybuf, red, y + i * s.dim);
+}
+
+__global__ void hc_post_kernel(const std::uint16_t* out, const std::uint16_t* h, const float* post, const float* comb,
+                               int hc, std::int64_t dim, std::int64_t rows, std::uint16_t* h_new,
+                               const std::int32_t* rows_dev) {
+  const std::int64_t row = blockIdx.y;
+  if (!row_live(row, rows, rows_dev)) return;
+  const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= dim) return;
+  float hv[kMaxHc];
+  for (int i = 0; i < hc; ++i) hv[i] = bf16_value(h[(row * hc + i) * dim + k]);
+  const float o = bf16_value(out[row * dim + k]);
+  for (int j = 0; j < hc; ++j) {
+    float mixed = 0.0f;
+    for (int i = 0; i < hc; ++i) mixed = add_rn(mixed, mul_rn(comb[row * hc * hc + i * hc + j], hv[i]));
+    store_bf16(h_new + (row * hc + j) * dim + k, add_rn(mul_rn(post[row * hc + j], o), mixed));
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) rms_norm_kernel(const std::uint16_t* x, const float* w, std::int64_t rows,
+                                                            std::int64_t dim, float eps, std::uint16_t* y,
+                                                            const std::int32_t* rows_dev) {
+  __shared__ float scratch[32];
+  const std::int64_t row = blockIdx.x;
+  if (!row_live(row, rows, rows_dev)) return;
+  float sumsq = 0.0f;
+  for (std::int64_t k = threadIdx.x; k < dim; k += blockDim.x) {
+    const float v = bf16_value(x[row * dim + k]);
+    sumsq += v * v;
+  }
+  const float total = block_sum(sumsq, scratch);
+  const float inv = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
+  // Every thread has read its values before any writes (block_sum synchronizes): x may alias y.
+  for (std::int64_t k = threadIdx.x; k < dim; k += blockDim.x)
+    store_bf16(y + row * dim + k, w[k] * (bf16_value(x[row * dim + k]) * inv));
+}
+
+__global__ void mtp_streams_kernel(const std::uint16_t* hp, const std::uint16_t* ep, int hc, std::int64_t dim,
+                                   std::int64_t rows, std::uint16_t* h) {
+  const std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= rows * hc * dim) return;
+  const std::int64_t row = idx / (hc * dim), k = idx % dim;
+  store_bf16(h + idx, add_rn(bf16_value(hp[idx]), bf16_value(ep[row * dim + k])));
+}
+
+__global__ void gather_mtp_kernel(const std::uint16_t* src, const DeviceStep* step, std::int64_t width,
+                                  std::uint16_t* dst) {
+  const std::int64_t i = blockIdx.y;
+  if (i >= step->n_tokens) return;
+  const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k < width) dst[i * width + k] = src[static_cast<std::int64_t>(step->mtp_source[i]) * width + k];
+}
+
+unsigned blocks_for(std::int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
+
+void check_shape(const HcShape& s) {
+  if (s.hc < 1 || s.hc > kMaxHc) launch_error("GPU hyper-connections support hc_mult 1..{}, found {}", {kMaxHc, s.hc});
+  if (s.dim <= 0) launch_error("GPU hyper-connections: dim {}", {s.dim});
+}
+
+std::size_t ybuf_bytes(const HcShape& s) { return static_cast<std::size_t>(s.dim) * sizeof(float); }
+
+}  // namespace
+
+void embed_streams(const DeviceStep* step, std::int32_t capacity, const std::uint16_t* embed, std::uint16_t* h,
+                   const HcShape& shape, gpu_stream_t stream) {
+  check_shape(shape);
+  if (capacity <= 0) return;
+  launch(embed_kernel, dim3(blocks_for(shape.dim), static_cast<unsigned>(capacity)), dim3(kThreads), 0, stream, step, embed, h,
+         shape.hc, shape.dim);
+}
+
+void hc_pre(const std::uint16_t* h, const HcWeights& w, const float* norm_w, const HcShape& shape, std::int64_t rows,
+            std::uint16_t* x, float* post, float* comb, const std::int32_t* rows_dev, gpu_stream_t stream) {
+  check_shape(shape);
+  if (rows <= 0) return;
+  static const bool smem_set = (set_max_dynamic_smem(hc_pre_kernel, 64 * 1024), true);
+  (void)smem_set;
+  if (ybuf_bytes(shape) > 64 * 1024) launch_error("hc_pre: hidden size {} is too large for one block", {shape.dim});
+  launch(hc_pre_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), ybuf_bytes(shape), stream, h, w, norm_w, shape,
+         rows, x, post, comb, rows_dev);
+}
+
+void hc_post(const std::uint16_t* out, const std::uint16_t* h, const float* post, const float* comb,
+             const HcShape& shape, std::int64_t rows, std::uint16_t* h_new, const std::int32_t* rows_dev,
+             gpu_stream_t stream) {
+  check_shape(shape);
+  if (rows <= 0) return;
+  launch(hc_post_kernel, dim3(blocks_for(shape.dim), static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, out, h, post,
+         comb, shape.hc, shape.dim, rows, h_new, rows_dev);
+}
+
+void hc_head(const std::uint16_t* h, const DeviceStep* step, bool all_tokens, std::int32_t capacity, const HcWeights& w,
+             const float* norm_w, const HcShape& shape, std::uint16_t* y, gpu_stream_t stream) {
+  check_shape(shape);
+  if (capacity <= 0) return;
+  static const bool smem_set = (set_max_dynamic_smem(hc_head_kernel, 64 * 1024), true);
+  (void)smem_set;
+  launch(hc_head_kernel, dim3(static_cast<unsigned>(capacity)), dim3(kThreads), ybuf_bytes(shape), stream, h, step, all_tokens, w,
+         norm_w, shape, y);
+}
+
+void rms_norm_rows(const std::uint16_t* x, const float* w, std::int64_t rows, std::int64_t dim, float eps,
+                   std::uint16_t* y, const std::int32_t* rows_dev, gpu_stream_t stream) {
+  if (rows <= 0) return;
+  launch(rms_norm_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, x, w, rows, dim, eps, y, rows_dev);
+}
+
+void mtp_streams(const std::uint16_t* hp, const std::uint16_t* ep, const HcShape& shape, std::int64_t rows,
+                 std::uint16_t* h, gpu_stream_t stream) {
+  if (rows <= 0) return;
+  launch(mtp_streams_kernel, dim3(blocks_for(rows * shape.hc * shape.dim)), dim3(kThreads), 0, stream, hp, ep, shape.hc,
+         shape.dim, rows, h);
+}
+
+void gather_mtp_rows(const std::uint16_t* src, const DeviceStep* step, std::int32_t capacity, std::int64_t width,
+                     std::uint16_t* dst, gpu_stream_t stream) {
+  if (capacity <= 0) return;
+  launch(gather_mtp_kernel, dim3(blocks_for(width), static_cast<unsigned>(capacity)), dim3(kThreads), 0, stream, src, step, width,
+         dst);
+}
+
+}  // namespace dsv4::gpu

@@ -1,0 +1,44 @@
+// The lightning indexer of CSA layers on the GPU (SPEC.md 3.4, 5a). CPU twins: cpu/indexer.h.
+//
+//   indexer_query     q [tokens][heads][128] (the wq_b product, bf16) finished in place: RoPE
+//                     on the last 64 dims of each head (bf16), Hadamard (scale 128^-0.5, bf16),
+//                     FP4-simulated in blocks of 32 (stored as the exact bf16 values).
+//   indexer_scores    score[t][j] = bf16(sum_h bf16(ReLU(bf16(q_h . k_j)) * w_h)) for every
+//                     complete entry j < (position + 1) / 4 of the token's row, keys read from
+//                     the indexer cache (fp4 / fp8 / bf16) through the block table; w_h =
+//                     bf16(weights_proj product * 128^-0.5 * heads^-0.5). Tensor cores (bf16
+//                     mma) form q . k; entries past a token's complete ones are not written.
+//   indexer_top_k     per token, the min(k, complete) best entries (ties to the lower index,
+//                     as top_k_indices), listed in ascending entry order, and their count.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/device_step.h"
+#include "cuda/kernels/compressor.h"
+#include "cuda/stream_handle.h"
+
+namespace dsv4::gpu {
+
+struct IndexerArgs {
+  const DeviceStep* step = nullptr;
+  std::int32_t capacity = 0;          // tokens the grid covers
+  std::int32_t token0 = 0;            // first step token of this call (the step may be split)
+  std::int32_t heads = 64;
+  std::uint16_t* q = nullptr;         // [tokens][heads][128]
+  const std::uint16_t* weights = nullptr;  // [tokens][heads] bf16 (weights_proj product, unscaled)
+  std::int32_t key_group = 0;         // the indexer-KV group in step->groups
+  std::int32_t layer_slot = 0;
+  IndexerFormat format = IndexerFormat::kFp4;
+  float* scores = nullptr;            // [capacity][max_entries], row i = token token0 + i
+  std::int64_t max_entries = 0;
+  std::int32_t top_k = 512;
+  std::int32_t* top_idx = nullptr;    // [capacity][top_k] ascending entries
+  std::int32_t* top_count = nullptr;  // [capacity]
+};
+
+void indexer_query(const IndexerArgs& args, gpu_stream_t stream);
+void indexer_scores(const IndexerArgs& args, gpu_stream_t stream);
+void indexer_top_k(const IndexerArgs& args, gpu_stream_t stream);
+
+}  // namespace dsv4::gpu

@@ -1,0 +1,24 @@
+// launch_error (launch_check.h).
+#include "cuda/kernels/launch_check.h"
+
+#include <string>
+
+#include "common/error.h"
+
+namespace dsv4::gpu {
+
+void launch_error(const char* message, std::initializer_list<long long> values) {
+  std::string text;
+  auto next = values.begin();
+  for (const char* p = message; *p != '\0'; ++p) {
+    if (p[0] == '{' && p[1] == '}' && next != values.end()) {
+      text += std::to_string(*next++);
+      ++p;
+    } else {
+      text += *p;
+    }
+  }
+  throw Error(text);
+}
+
+}  // namespace dsv4::gpu

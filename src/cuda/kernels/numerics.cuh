@@ -1,0 +1,148 @@
+// Device twins of src/numerics: bf16 rounding, the power-of-two block scale, e4m3 / e2m1 /
+// UE8M0 codecs, bit for bit the CPU's (numerics/bf16.h, block_quant.h, minifloat.h), plus the
+// exact fp32 operations the reference's order of arithmetic needs (no fused multiply-adds
+// where the CPU rounds each product: nvcc would otherwise contract a * b + c).
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/device.h"
+
+// Full unrolling of a constant-trip loop (register arrays indexed by its counter stay in
+// registers); nothing for the host compiler of the simulator.
+#if defined(__CUDACC__)
+#define DSV4_UNROLL _Pragma("unroll")
+#else
+#define DSV4_UNROLL
+#endif
+
+namespace dsv4::gpu {
+
+inline constexpr float kFp8Max = 448.0f;
+inline constexpr float kFp4Max = 6.0f;
+inline constexpr float kFp8AmaxFloor = 1e-4f;
+inline constexpr float kFp4AmaxFloor = 6.0f * 0x1p-126f;
+
+// Exact fp32 arithmetic, one rounding per operation.
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float sub_rn(float a, float b) { return __fadd_rn(a, -b); }
+
+// ---- bf16 ------------------------------------------------------------------------------------
+__device__ __forceinline__ std::uint16_t bf16_bits(float x) {
+  std::uint32_t u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<std::uint16_t>(u >> 16);
+}
+__device__ __forceinline__ float bf16_value(std::uint16_t bits) { return __uint_as_float(static_cast<std::uint32_t>(bits) << 16); }
+__device__ __forceinline__ float round_bf16(float x) { return bf16_value(bf16_bits(x)); }
+__device__ __forceinline__ float load_bf16(const std::uint16_t* p) { return bf16_value(*p); }
+__device__ __forceinline__ void store_bf16(std::uint16_t* p, float x) { *p = bf16_bits(x); }
+
+// ---- power-of-two block scale (block_quant.h pow2_block_scale) -------------------------------
+// p = fp32(max(amax, floor) * fp32(1 / fmt_max)); scale = 2^(exponent of p), doubled when p's
+// mantissa is not zero.
+__device__ __forceinline__ float pow2_scale(float amax, float amax_floor, float fmt_max) {
+  const float inv_max = 1.0f / fmt_max;  // a compile-time constant: fp32(1/448) or fp32(1/6)
+  const float p = mul_rn(fmaxf(amax, amax_floor), inv_max);
+  const std::uint32_t bits = __float_as_uint(p);
+  const std::uint32_t exp = (bits >> 23) & 0xffu;
+  const std::uint32_t scale_exp = exp + ((bits & 0x7fffffu) != 0 ? 1u : 0u);
+  return __uint_as_float(scale_exp << 23);
+}
+__device__ __forceinline__ float fp8_scale(float amax) { return pow2_scale(amax, kFp8AmaxFloor, kFp8Max); }
+__device__ __forceinline__ float fp4_scale(float amax) { return pow2_scale(amax, kFp4AmaxFloor, kFp4Max); }
+// The UE8M0 byte of a power-of-two scale in [2^-126, 2^127] (2^-127 is byte 0).
+__device__ __forceinline__ std::uint8_t ue8m0_byte(float scale) {
+  const std::uint32_t u = __float_as_uint(scale);
+  return u == 0x00400000u ? std::uint8_t{0} : static_cast<std::uint8_t>((u >> 23) & 0xffu);
+}
+__device__ __forceinline__ float ue8m0_value(std::uint8_t e) {
+  if (e == 0xff) return __uint_as_float(0x7fc00000u);
+  if (e == 0) return __uint_as_float(0x00400000u);
+  return __uint_as_float(static_cast<std::uint32_t>(e) << 23);
+}
+
+// ---- e4m3 / e2m1 (minifloat.h round_to_minifloat) -------------------------------------------
+template <int kMantBits, int kMinExp>
+__device__ __forceinline__ std::uint32_t round_to_minifloat(float a) {
+  const std::uint32_t u = __float_as_uint(a);
+  const int biased = static_cast<int>(u >> 23);
+  const int e = biased - 127;
+  if (e >= kMinExp) {
+    constexpr int kShift = 23 - kMantBits;
+    const std::uint32_t r = u + ((1u << (kShift - 1)) - 1u) + ((u >> kShift) & 1u);
+    return (r >> kShift) - (static_cast<std::uint32_t>(127 + kMinExp - 1) << kMantBits);
+  }
+  const std::uint32_t sig = biased == 0 ? (u & 0x7fffffu) : ((u & 0x7fffffu) | 0x800000u);
+  const int exp = biased == 0 ? -126 : e;
+  const int k = 23 + kMinExp - kMantBits - exp;
+  if (k > 24) return 0;
+  const std::uint32_t q = sig >> k;
+  const std::uint32_t rem = sig & ((1u << k) - 1u);
+  const std::uint32_t half = 1u << (k - 1);
+  return q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
+}
+
+// e4m3 code of x (saturating to +-448, NaN -> 0x7f), as numerics/fp8_e4m3.cc f32_to_e4m3.
+__device__ __forceinline__ std::uint8_t e4m3_code(float x) {
+  const std::uint32_t u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7f;
+  const std::uint8_t sign = (u >> 31) ? 0x80 : 0x00;
+  const float a = __uint_as_float(u & 0x7fffffffu);
+  if (a >= kFp8Max) return sign | 0x7e;
+  return static_cast<std::uint8_t>(sign | round_to_minifloat<3, -6>(a));
+}
+// e2m1 code 0..15 of x (saturating to +-6, NaN -> 7).
+__device__ __forceinline__ std::uint8_t e2m1_code(float x) {
+  const std::uint32_t u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7;
+  const std::uint8_t sign = (u >> 31) ? 0x8 : 0x0;
+  const float a = __uint_as_float(u & 0x7fffffffu);
+  if (a >= kFp4Max) return sign | 0x7;
+  return static_cast<std::uint8_t>(sign | round_to_minifloat<1, 0>(a));
+}
+
+__device__ __forceinline__ float e4m3_value(std::uint8_t code) {
+  const std::uint32_t exp = (code >> 3) & 0xfu, mant = code & 7u;
+  float mag;
+  if (exp == 15 && mant == 7) {
+    mag = __uint_as_float(0x7fc00000u);
+  } else if (exp == 0) {
+    mag = static_cast<float>(mant) * 0x1p-9f;
+  } else {
+    mag = __uint_as_float(((exp + 120u) << 23) | (mant << 20));
+  }
+  return (code & 0x80) ? -mag : mag;
+}
+__device__ __forceinline__ float e2m1_value(std::uint8_t code) {
+  const std::uint32_t mag = code & 7u;
+  // 0, 0.5, 1, 1.5, 2, 3, 4, 6
+  const float v = mag < 2 ? 0.5f * static_cast<float>(mag)
+                          : __uint_as_float((((mag >> 1) + 126u) << 23) | ((mag & 1u) << 22));
+  return (code & 8) ? -v : v;
+}
+// The e4m3 byte holding the value of e2m1 code c (every e2m1 value is an e4m3 value).
+__device__ __forceinline__ std::uint32_t e2m1_to_e4m3_byte(std::uint32_t c) {
+  const std::uint32_t mag = c & 7u;
+  // 0 -> 0x00, 0.5 -> 0x30, 1 -> 0x38, 1.5 -> 0x3c, 2 -> 0x40, 3 -> 0x44, 4 -> 0x48, 6 -> 0x4c
+  const std::uint32_t byte = mag == 0 ? 0u : mag == 1 ? 0x30u : (0x38u + ((mag - 2u) << 2));
+  return byte | ((c & 8u) << 4);
+}
+
+// Quantized value of x under `inv_scale` (= 1 / scale, exact for powers of two): the code of
+// the clamped product, as block_quant.cc encode_scaled.
+__device__ __forceinline__ std::uint8_t fp8_encode_scaled(float x, float inv_scale) { return e4m3_code(mul_rn(x, inv_scale)); }
+__device__ __forceinline__ std::uint8_t fp4_encode_scaled(float x, float inv_scale) { return e2m1_code(mul_rn(x, inv_scale)); }
+
+// Byte j (0..15) of a 16-byte vector (little-endian words, as in memory).
+__device__ __forceinline__ std::uint32_t byte_of(const uint4& v, int j) {
+  const std::uint32_t w = j < 4 ? v.x : j < 8 ? v.y : j < 12 ? v.z : v.w;
+  return (w >> (8 * (j & 3))) & 0xffu;
+}
+
+__device__ __forceinline__ float sigmoid_ref(float z) { return 1.0f / (1.0f + expf(-z)); }
+__device__ __forceinline__ float silu_ref(float z) { return z / (1.0f + expf(-z)); }
+
+}  // namespace dsv4::gpu
