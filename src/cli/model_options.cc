@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "common/error.h"
-#include "cpu/cpu_executor.h"
+#include "cli/executor_factory.h"
 #include "engine/bpe_trainer.h"
 #include "model/presets.h"
 #include "model/synthetic_checkpoint.h"
@@ -18,6 +18,20 @@ void add_model_options(CLI::App* cmd, ModelOptions& o, bool require_model, bool 
                     ->check(CLI::ExistingDirectory)
                     ->envname("DSV4_MODEL");
   if (require_model) model->required();
+  cmd->add_option("--device", o.device, "where the model runs: cpu or cuda (an NVIDIA Hopper GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->envname("DSV4_DEVICE");
+  cmd->add_option("--load-format", o.load_format,
+                  "auto: the checkpoint's weights; dummy: random weights of config.json's shapes drawn on the GPU "
+                  "(benchmarks; needs --device cuda and only config.json in --model)")
+      ->check(CLI::IsMember({"auto", "dummy"}))
+      ->envname("DSV4_LOAD_FORMAT");
+  cmd->add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
+                  "share of the GPU's memory for weights, scratch and KV cache (default 0.9)")
+      ->check(CLI::Range(0.01, 1.0))
+      ->envname("DSV4_GPU_MEMORY_UTILIZATION");
+  cmd->add_flag("--enforce-eager", o.enforce_eager, "cuda: run every step eagerly (no CUDA graphs)")
+      ->envname("DSV4_ENFORCE_EAGER");
   cmd->add_option("--threads", o.threads, "CPU threads (default: all cores)")
       ->check(CLI::NonNegativeNumber)
       ->envname("DSV4_THREADS");
@@ -27,8 +41,8 @@ void add_model_options(CLI::App* cmd, ModelOptions& o, bool require_model, bool 
   cmd->add_option("--indexer-cache-dtype", o.indexer_cache_dtype, "indexer key entries: fp4, fp8 or bf16")
       ->check(CLI::IsMember({"fp4", "fp8", "bf16"}))
       ->envname("DSV4_INDEXER_CACHE_DTYPE");
-  cmd->add_option("--cache-gb", o.cache_gb, "KV cache memory in GB (default 1)")
-      ->check(CLI::PositiveNumber)
+  cmd->add_option("--cache-gb", o.cache_gb, "KV cache memory in GB (default: 1 on the CPU; on cuda what is left)")
+      ->check(CLI::NonNegativeNumber)
       ->envname("DSV4_CACHE_GB");
   if (serving) {
     cmd->add_option("--max-num-seqs", o.max_num_seqs, "most sequences in one step")
@@ -76,16 +90,17 @@ LoadedEngine load_engine(const ModelOptions& o) {
   CacheOptions cache;
   cache.kv_dtype = parse_kv_cache_dtype(o.kv_cache_dtype);
   cache.indexer_dtype = parse_indexer_cache_dtype(o.indexer_cache_dtype);
-  const int threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  auto executor = CpuExecutor::load(loaded.model_dir, cache, threads);
-  loaded.executor = executor.get();
   EngineConfig config;
-  config.cache_bytes = static_cast<std::int64_t>(o.cache_gb * 1e9);
   config.prefix_caching = o.enable_prefix_caching;
   config.max_num_seqs = o.max_num_seqs;
   config.max_num_batched_tokens = o.max_num_batched_tokens;
   config.max_model_len = o.max_model_len;
-  loaded.engine = std::make_unique<Engine>(std::move(executor), config);
+  ExecutorRequest request{o.device, o.load_format, loaded.model_dir, cache, o.threads, o.gpu_memory_utilization,
+                          !o.enforce_eager};
+  MadeExecutor made = make_executor(request, config);
+  config.cache_bytes = o.cache_gb > 0 ? static_cast<std::int64_t>(o.cache_gb * 1e9) : made.default_cache_bytes;
+  loaded.executor = made.executor.get();
+  loaded.engine = std::make_unique<Engine>(std::move(made.executor), config);
   return loaded;
 }
 

@@ -50,6 +50,9 @@ class CpuExecutor final : public Executor {
   void launch(const StepPlan& plan) override;
   void collect(std::span<float> logits) override;
   void set_inspector(Inspector* inspector) override { inspector_ = inspector; }
+  std::vector<std::uint8_t> cache_snapshot(int bucket) const override {
+    return pools_.at(static_cast<std::size_t>(bucket));
+  }
 
  private:
   struct Step;  // per-step scratch (cpu_executor.cc)

@@ -36,21 +36,30 @@ void sink_attention(std::span<const float> q, std::int64_t n_heads, std::int64_t
       for (std::size_t c = 0; c < d; ++c) oh[c] = 0.0f;
       return;
     }
-    std::vector<float> s(n_keys);
-    float m = -INFINITY;
-    for (std::size_t i = 0; i < n_keys; ++i) {
-      float dot = 0.0f;
-      for (std::size_t c = 0; c < d; ++c) dot += qh[c] * kv[i][c];
-      s[i] = dot * scale;
-      m = std::max(m, s[i]);
-    }
     std::vector<float> acc(d, 0.0f);
-    float sum = 0.0f;
-    for (std::size_t i = 0; i < n_keys; ++i) {
-      const float p = std::exp(s[i] - m);
-      sum += p;
-      const float pb = round_to_bf16(p);
-      for (std::size_t c = 0; c < d; ++c) acc[c] += pb * kv[i][c];
+    float m = -INFINITY, sum = 0.0f;
+    const auto block = static_cast<std::size_t>(kAttentionKeyBlock);
+    std::vector<float> s(block);
+    for (std::size_t b0 = 0; b0 < n_keys; b0 += block) {
+      const std::size_t b1 = std::min(n_keys, b0 + block);
+      float block_max = -INFINITY;
+      for (std::size_t i = b0; i < b1; ++i) {
+        float dot = 0.0f;
+        for (std::size_t c = 0; c < d; ++c) dot += qh[c] * kv[i][c];
+        s[i - b0] = dot * scale;
+        block_max = std::max(block_max, s[i - b0]);
+      }
+      const float m_new = std::max(m, block_max);
+      const float corr = m == -INFINITY ? 0.0f : std::exp(m - m_new);
+      sum *= corr;
+      for (std::size_t c = 0; c < d; ++c) acc[c] *= corr;
+      for (std::size_t i = b0; i < b1; ++i) {
+        const float p = std::exp(s[i - b0] - m_new);
+        sum += p;
+        const float pb = round_to_bf16(p);
+        for (std::size_t c = 0; c < d; ++c) acc[c] += pb * kv[i][c];
+      }
+      m = m_new;
     }
     const float den = sum + std::exp(sink[static_cast<std::size_t>(h)] - m);
     for (std::size_t c = 0; c < d; ++c) oh[c] = round_to_bf16(acc[c] / den);

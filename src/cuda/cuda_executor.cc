@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/error.h"
@@ -269,6 +270,15 @@ void CudaExecutor::allocate(std::span<const std::int64_t> pages_per_bucket, cons
   graphs_.clear();
   warm_buckets_.clear();
   stream_.synchronize();
+}
+
+std::vector<std::uint8_t> CudaExecutor::cache_snapshot(int bucket) const {
+  const DeviceBuffer& pool = pools_.at(static_cast<std::size_t>(bucket));
+  std::vector<std::uint8_t> bytes(pool.size());
+  Stream copy;
+  copy_to_host(bytes.data(), pool.data(), bytes.size(), copy);
+  copy.synchronize();
+  return bytes;
 }
 
 // ---- plan packing ------------------------------------------------------------------------------------
@@ -686,7 +696,6 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
   at.part_acc = s.part_acc;
   at.part_ml = s.part_ml;
   sparse_attention(at, st);
-
   if (taps != nullptr && w.layer < c.num_hidden_layers) {
     std::vector<std::int32_t> top(static_cast<std::size_t>(cap) * static_cast<std::size_t>(std::max<std::int64_t>(c.index_topk, 1)));
     std::vector<std::int32_t> counts(static_cast<std::size_t>(cap));

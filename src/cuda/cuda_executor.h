@@ -54,6 +54,7 @@ class CudaExecutor final : public Executor {
   void launch(const StepPlan& plan) override;
   void collect(std::span<float> logits) override;
   void set_inspector(Inspector* inspector) override { inspector_ = inspector; }
+  std::vector<std::uint8_t> cache_snapshot(int bucket) const override;
 
   // Bytes of GPU memory left for the KV cache once the weights and the scratch of `limits` are
   // taken, under gpu_memory_utilization; fails with the numbers when nothing is left.

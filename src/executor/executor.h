@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "executor/inspector.h"
 #include "executor/step_plan.h"
@@ -53,6 +54,10 @@ class Executor {
   // Taps every layer of every later step (nullptr: off; not owned). Executors that cannot tap
   // throw Error.
   virtual void set_inspector(Inspector* inspector) = 0;
+
+  // A copy of the cache memory of `bucket` (page p at p * buckets[bucket]), for comparing the
+  // bytes two executors wrote (tests, debugging). Not for hot paths.
+  virtual std::vector<std::uint8_t> cache_snapshot(int bucket) const = 0;
 };
 
 }  // namespace dsv4

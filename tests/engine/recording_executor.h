@@ -51,6 +51,7 @@ class RecordingExecutor : public Executor {
   void launch(const StepPlan& plan) override;
   void collect(std::span<float> logits) override;
   void set_inspector(Inspector*) override {}
+  std::vector<std::uint8_t> cache_snapshot(int bucket) const override { return memory_.at(static_cast<std::size_t>(bucket)); }
 
   std::vector<StepRecord> steps;
   std::optional<std::int64_t> throw_for_seq;  // collect throws when this sequence is in a step
