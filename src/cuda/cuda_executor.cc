@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "cuda/kernels/attention.h"
 #include "cuda/kernels/compressor.h"
+#include "cuda/kernels/fill.h"
 #include "cuda/kernels/gemm.h"
 #include "cuda/kernels/hyper.h"
 #include "cuda/kernels/indexer.h"
@@ -103,7 +104,7 @@ struct CudaExecutor::Scratch {
     bool csa = false;
     for (std::int64_t r : c.compress_ratios) csa = csa || r == 4;
     max_tokens = T;
-    logits_rows = T + (c.num_nextn_predict_layers > 0 ? T : 0);
+    logits_rows = options.max_logits_rows > 0 ? options.max_logits_rows : T + (c.num_nextn_predict_layers > 0 ? T : 0);
     max_entries = csa ? std::max<std::int64_t>(1, limits.max_context / 4) : 0;
     index_chunk = csa ? std::clamp<std::int64_t>(options.indexer_scores_bytes / (max_entries * 4), 1, T) : 0;
     index_chunk = std::min<std::int64_t>(index_chunk, 65535);
@@ -172,6 +173,34 @@ struct CudaExecutor::Scratch {
     return k.used();
   }
 };
+
+// ---- profiling ---------------------------------------------------------------------------------
+// Records an event pair around one family of launches when profiling is on.
+class CudaExecutor::ProfileScope {
+ public:
+  ProfileScope(CudaExecutor& e, const char* family) : e_(e) {
+    if (!e_.profiling_) return;
+    index_ = e_.marks_.size() * 2;
+    while (e_.events_.size() < index_ + 2) e_.events_.emplace_back();
+    e_.events_[index_].record(e_.stream_);
+    e_.marks_.emplace_back(family, index_);
+  }
+  ~ProfileScope() {
+    if (e_.profiling_) e_.events_[index_ + 1].record(e_.stream_);
+  }
+  ProfileScope(const ProfileScope&) = delete;
+  ProfileScope& operator=(const ProfileScope&) = delete;
+
+ private:
+  CudaExecutor& e_;
+  std::size_t index_ = 0;
+};
+
+std::vector<CudaExecutor::KernelTime> CudaExecutor::take_profile() {
+  std::vector<KernelTime> out;
+  out.swap(profile_);
+  return out;
+}
 
 // ---- construction and memory -------------------------------------------------------------------
 CudaExecutor::CudaExecutor(ModelConfig config, GpuModelWeights weights, CacheSpec spec, CudaOptions options)
@@ -279,6 +308,15 @@ std::vector<std::uint8_t> CudaExecutor::cache_snapshot(int bucket) const {
   copy_to_host(bytes.data(), pool.data(), bytes.size(), copy);
   copy.synchronize();
   return bytes;
+}
+
+void CudaExecutor::randomize_cache(std::uint64_t seed) {
+  // Bytes 0x30..0x3f: e4m3 codes 0.5 .. 0.94, UE8M0 scales 2^-79 .. 2^-64, bf16 / fp32 values
+  // around 1e-9 .. 0.7 -- finite whatever format a byte belongs to.
+  for (std::size_t b = 0; b < pools_.size(); ++b)
+    fill_bytes_in_range(pools_[b].as<std::uint8_t>(), static_cast<std::int64_t>(pools_[b].size()), seed + b, 0x30, 0x3f,
+                        stream_.handle());
+  stream_.synchronize();
 }
 
 // ---- plan packing ------------------------------------------------------------------------------------
@@ -442,7 +480,8 @@ void CudaExecutor::launch(const StepPlan& plan) {
   }();
   apply_page_updates(main_step_, updates, stream_.handle());
 
-  bool decode = n_mtp == 0 && inspector_ == nullptr && options_.cuda_graphs && !simulated() && T <= kMaxGraphBucket;
+  bool decode = n_mtp == 0 && inspector_ == nullptr && !profiling_ && options_.cuda_graphs && !simulated() &&
+                T <= kMaxGraphBucket;
   for (std::int64_t r = 0; decode && r < plan.num_rows(); ++r)
     decode = plan.view.token_start[static_cast<std::size_t>(r) + 1] - plan.view.token_start[static_cast<std::size_t>(r)] == 1;
   if (decode) {
@@ -478,6 +517,17 @@ void CudaExecutor::collect(std::span<float> logits) {
   if (launched_ == nullptr) fail("GPU executor: collect without a launched step");
   launched_ = nullptr;
   done_.synchronize();
+  for (const auto& [family, index] : marks_) {
+    const double ms = Event::elapsed_ms(events_[index], events_[index + 1]);
+    auto it = std::find_if(profile_.begin(), profile_.end(), [&](const KernelTime& k) { return k.family == family; });
+    if (it == profile_.end()) {
+      profile_.push_back({family, ms, 1});
+    } else {
+      it->ms += ms;
+      ++it->calls;
+    }
+  }
+  marks_.clear();
   const auto n = static_cast<std::size_t>(launched_rows_ * config_.vocab_size);
   if (logits.size() != n) fail("GPU executor: logits buffer holds {} values, expected {}", logits.size(), n);
   std::memcpy(logits.data(), logits_host_.data(), n * sizeof(float));
@@ -493,7 +543,10 @@ void CudaExecutor::forward(std::int32_t capacity, std::int64_t n_logits, std::in
   const gpu_stream_t st = stream_.handle();
   const HcShape shape{static_cast<int>(c.hc_mult), c.hidden_size, static_cast<int>(c.hc_sinkhorn_iters),
                       static_cast<float>(c.rms_norm_eps), static_cast<float>(c.hc_eps)};
-  embed_streams(main_step_, capacity, weights_.embed, s.h0, shape, st);
+  {
+    ProfileScope prof(*this, "embed");
+    embed_streams(main_step_, capacity, weights_.embed, s.h0, shape, st);
+  }
   std::uint16_t* h = s.h0;
   std::uint16_t* other = s.h1;
   for (const GpuBlockWeights& w : weights_.blocks) {
@@ -504,9 +557,12 @@ void CudaExecutor::forward(std::int32_t capacity, std::int64_t n_logits, std::in
   // Head (SPEC 3.1 end): pre-only mixing, final norm, fp32 logits of the wanted tokens.
   const std::int32_t head_rows = n_logits > 0 ? static_cast<std::int32_t>(n_logits) : capacity;
   if (n_logits > 0 || plan == nullptr) {
-    hc_head(h, main_step_, false, head_rows, weights_.hc_head, weights_.norm, shape, s.head_y, st);
-    gemm_bf16(s.head_y, c.hidden_size, head_rows, weights_.head, 1, GemmOutput{s.logits, c.vocab_size, true},
-              n_logits_of(main_step_), st);
+    {
+      ProfileScope prof(*this, "head");
+      hc_head(h, main_step_, false, head_rows, weights_.hc_head, weights_.norm, shape, s.head_y, st);
+      gemm_bf16(s.head_y, c.hidden_size, head_rows, weights_.head, 1, GemmOutput{s.logits, c.vocab_size, true},
+                n_logits_of(main_step_), st);
+    }
   }
   if (n_mtp > 0) mtp_block(n_mtp, n_logits);
 }
@@ -554,32 +610,39 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
   };
 
   // hc pre + attn_norm; q and kv projections; q / kv finished, kv into the window cache.
-  hc_pre(h, w.hc_attn, w.attn_norm, shape, cap, s.x, s.post, s.comb, n_dev, st);
-  quantize_activations(s.x, D, cap, D, s.xq, s.xs, n_dev, st);
   const QuantizedRows xq{s.xq, s.xs, D};
-  gemm_quantized(xq, cap, w.wq_a, GemmOutput{s.qa, ql, false}, n_dev, st);
-  rms_norm_rows(s.qa, w.q_norm, cap, ql, eps, s.qr, n_dev, st);
-  quantize_activations(s.qr, ql, cap, ql, s.qrq, s.qrs, n_dev, st);
   const QuantizedRows qrq{s.qrq, s.qrs, ql};
-  gemm_quantized(qrq, cap, w.wq_b, GemmOutput{s.q, H * 512, false}, n_dev, st);
-  gemm_quantized(xq, cap, w.wkv, GemmOutput{s.kv, 512, false}, n_dev, st);
-  QkvArgs qkv;
-  qkv.step = step;
-  qkv.capacity = cap;
-  qkv.compressed_rope = r > 0;
-  qkv.q = s.q;
-  qkv.heads = static_cast<std::int32_t>(H);
-  qkv.kv = s.kv;
-  qkv.kv_norm = w.kv_norm;
-  qkv.eps = eps;
-  qkv.window_group = group_index(CacheKind::kWindowKv);
-  qkv.layer_slot = slot_of_layer(CacheKind::kWindowKv);
-  qkv.kv_fp8 = kv_fp8;
-  finish_q_and_window_kv(qkv, st);
+  {
+    ProfileScope prof(*this, "attn: hc_pre + q/kv projections");
+    hc_pre(h, w.hc_attn, w.attn_norm, shape, cap, s.x, s.post, s.comb, n_dev, st);
+    quantize_activations(s.x, D, cap, D, s.xq, s.xs, n_dev, st);
+    gemm_quantized(xq, cap, w.wq_a, GemmOutput{s.qa, ql, false}, n_dev, st);
+    rms_norm_rows(s.qa, w.q_norm, cap, ql, eps, s.qr, n_dev, st);
+    quantize_activations(s.qr, ql, cap, ql, s.qrq, s.qrs, n_dev, st);
+    gemm_quantized(qrq, cap, w.wq_b, GemmOutput{s.q, H * 512, false}, n_dev, st);
+    gemm_quantized(xq, cap, w.wkv, GemmOutput{s.kv, 512, false}, n_dev, st);
+  }
+  {
+    ProfileScope prof(*this, "attn: q/kv norm + RoPE + window insert");
+    QkvArgs qkv;
+    qkv.step = step;
+    qkv.capacity = cap;
+    qkv.compressed_rope = r > 0;
+    qkv.q = s.q;
+    qkv.heads = static_cast<std::int32_t>(H);
+    qkv.kv = s.kv;
+    qkv.kv_norm = w.kv_norm;
+    qkv.eps = eps;
+    qkv.window_group = group_index(CacheKind::kWindowKv);
+    qkv.layer_slot = slot_of_layer(CacheKind::kWindowKv);
+    qkv.kv_fp8 = kv_fp8;
+    finish_q_and_window_kv(qkv, st);
+  }
 
   // Compressor projections (fp32) into the step's state rows and the state cache (SPEC 3.3).
   CompressorArgs main_c, index_c;
   if (r > 0) {
+    ProfileScope prof(*this, "attn: compressor projections + state");
     const GpuCompressorWeights& cw = *w.compressor;
     const std::int64_t pd = (r == 4 ? 2 : 1) * 512;
     gemm_bf16(s.x, D, cap, cw.wkv, 1, GemmOutput{s.state_main, 2 * pd, true}, n_dev, st);
@@ -608,6 +671,7 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
                                                                                               : IndexerFormat::kBf16;
   IndexerArgs ix;
   if (r == 4) {
+    ProfileScope prof(*this, "attn: indexer query + weights + compressor");
     const GpuIndexerWeights& iw = *w.indexer;
     const std::int64_t IH = c.index_n_heads, ID = c.index_head_dim;
     gemm_quantized(qrq, cap, iw.wq_b, GemmOutput{s.iq, IH * ID, false}, n_dev, st);
@@ -641,12 +705,16 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
     finish_compressor_state(index_c, st);
   }
   // Entries completed by this step's tokens (each token completes at most one per ratio).
-  if (r > 0) write_compressed_entries(main_c, cap, st);
-  if (r == 4) write_compressed_entries(index_c, cap, st);
+  {
+    ProfileScope prof(*this, "attn: compressed entries");
+    if (r > 0) write_compressed_entries(main_c, cap, st);
+    if (r == 4) write_compressed_entries(index_c, cap, st);
+  }
 
   // Indexer scores and top-k, in token chunks that fit the scores buffer.
   std::vector<std::vector<float>> tap_scores;
   if (r == 4) {
+    ProfileScope prof(*this, "attn: indexer scores + top-k");
     for (std::int32_t t0 = 0; t0 < cap; t0 += static_cast<std::int32_t>(s.index_chunk)) {
       IndexerArgs part = ix;
       part.token0 = t0;
@@ -695,7 +763,10 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
   at.splits = attention_splits(cap, H, max_keys, device_.sm_count);
   at.part_acc = s.part_acc;
   at.part_ml = s.part_ml;
-  sparse_attention(at, st);
+  {
+    ProfileScope prof(*this, "attn: sparse attention");
+    sparse_attention(at, st);
+  }
   if (taps != nullptr && w.layer < c.num_hidden_layers) {
     std::vector<std::int32_t> top(static_cast<std::size_t>(cap) * static_cast<std::size_t>(std::max<std::int64_t>(c.index_topk, 1)));
     std::vector<std::int32_t> counts(static_cast<std::size_t>(cap));
@@ -723,10 +794,13 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
 
   // Grouped low-rank output (bf16 einsum over wo_a's values), wo_b, hc post.
   const std::int64_t GO = c.o_groups * c.o_lora_rank;
-  gemm_bf16(s.o, H * 512, cap, w.wo_a, static_cast<int>(c.o_groups), GemmOutput{s.z, GO, false}, n_dev, st);
-  quantize_activations(s.z, GO, cap, GO, s.zq, s.zs, n_dev, st);
-  gemm_quantized(QuantizedRows{s.zq, s.zs, GO}, cap, w.wo_b, GemmOutput{s.attn_out, D, false}, n_dev, st);
-  hc_post(s.attn_out, h, s.post, s.comb, shape, cap, h_out, n_dev, st);
+  {
+    ProfileScope prof(*this, "attn: output projections + hc_post");
+    gemm_bf16(s.o, H * 512, cap, w.wo_a, static_cast<int>(c.o_groups), GemmOutput{s.z, GO, false}, n_dev, st);
+    quantize_activations(s.z, GO, cap, GO, s.zq, s.zs, n_dev, st);
+    gemm_quantized(QuantizedRows{s.zq, s.zs, GO}, cap, w.wo_b, GemmOutput{s.attn_out, D, false}, n_dev, st);
+    hc_post(s.attn_out, h, s.post, s.comb, shape, cap, h_out, n_dev, st);
+  }
 }
 
 void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const GpuBlockWeights& w, const std::uint16_t* h,
@@ -740,53 +814,65 @@ void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const Gpu
   const HcShape shape{static_cast<int>(c.hc_mult), D, static_cast<int>(c.hc_sinkhorn_iters), eps, static_cast<float>(c.hc_eps)};
   const float limit = static_cast<float>(c.swiglu_limit);
 
-  hc_pre(h, w.hc_ffn, w.ffn_norm, shape, cap, s.x, s.post, s.comb, n_dev, st);
-  // Routing (fp32 gate).
-  gemm_bf16(s.x, D, cap, w.gate, 1, GemmOutput{s.gate_logits, E, true}, n_dev, st);
-  MoeRouteArgs route;
-  route.step = step;
-  route.capacity = cap;
-  route.logits = s.gate_logits;
-  route.experts = static_cast<std::int32_t>(E);
-  route.top_k = static_cast<std::int32_t>(K);
-  route.routed_scale = static_cast<float>(c.routed_scaling_factor);
-  route.bias = w.gate_bias;
-  route.tid2eid = w.tid2eid;
-  route.route_expert = s.route_e;
-  route.route_weight = s.route_w;
-  moe_route(route, st);
+  {
+    ProfileScope prof(*this, "moe: hc_pre + gate + route");
+    hc_pre(h, w.hc_ffn, w.ffn_norm, shape, cap, s.x, s.post, s.comb, n_dev, st);
+    // Routing (fp32 gate).
+    gemm_bf16(s.x, D, cap, w.gate, 1, GemmOutput{s.gate_logits, E, true}, n_dev, st);
+    MoeRouteArgs route;
+    route.step = step;
+    route.capacity = cap;
+    route.logits = s.gate_logits;
+    route.experts = static_cast<std::int32_t>(E);
+    route.top_k = static_cast<std::int32_t>(K);
+    route.routed_scale = static_cast<float>(c.routed_scaling_factor);
+    route.bias = w.gate_bias;
+    route.tid2eid = w.tid2eid;
+    route.route_expert = s.route_e;
+    route.route_weight = s.route_w;
+    moe_route(route, st);
+  }
   // Routed experts over rows grouped by expert.
-  quantize_activations(s.x, D, cap, D, s.xq, s.xs, n_dev, st);
-  const std::int32_t tile_m = expert_tile_rows(static_cast<std::int64_t>(cap) * K, E);
-  MoePermuteArgs perm;
-  perm.step = step;
-  perm.experts = static_cast<std::int32_t>(E);
-  perm.top_k = static_cast<std::int32_t>(K);
-  perm.route_expert = s.route_e;
-  perm.route_weight = s.route_w;
-  perm.tile_m = tile_m;
-  perm.source_row = s.source_row;
-  perm.slot_of = s.slot_of;
-  perm.slot_weight = s.slot_w;
-  perm.num_rows = s.num_rows;
-  perm.tile_expert = s.tile_expert;
-  perm.tile_row0 = s.tile_row0;
-  perm.tile_rows = s.tile_rows;
-  perm.num_tiles = s.num_tiles;
-  moe_permute(perm, st);
-  ExpertTiles tiles{s.source_row, s.tile_expert, s.tile_row0, s.tile_rows, s.num_tiles,
-                    moe_max_tiles(cap, K, E, tile_m), tile_m};
-  gemm_quantized_experts(QuantizedRows{s.xq, s.xs, D}, tiles, w.experts_w13, GemmOutput{s.gu, 2 * I, false}, st);
-  swiglu_quantize(s.gu, static_cast<std::int64_t>(cap) * K, s.num_rows, I, limit, s.slot_w, s.hq, s.hs, st);
-  tiles.source_row = nullptr;  // w2 reads the permuted rows themselves
-  gemm_quantized_experts(QuantizedRows{s.hq, s.hs, I}, tiles, w.experts_w2, GemmOutput{s.y, D, false}, st);
+  {
+    ProfileScope prof(*this, "moe: routed experts");
+    quantize_activations(s.x, D, cap, D, s.xq, s.xs, n_dev, st);
+    const std::int32_t tile_m = expert_tile_rows(static_cast<std::int64_t>(cap) * K, E);
+    MoePermuteArgs perm;
+    perm.step = step;
+    perm.experts = static_cast<std::int32_t>(E);
+    perm.top_k = static_cast<std::int32_t>(K);
+    perm.route_expert = s.route_e;
+    perm.route_weight = s.route_w;
+    perm.tile_m = tile_m;
+    perm.source_row = s.source_row;
+    perm.slot_of = s.slot_of;
+    perm.slot_weight = s.slot_w;
+    perm.num_rows = s.num_rows;
+    perm.tile_expert = s.tile_expert;
+    perm.tile_row0 = s.tile_row0;
+    perm.tile_rows = s.tile_rows;
+    perm.num_tiles = s.num_tiles;
+    moe_permute(perm, st);
+    ExpertTiles tiles{s.source_row, s.tile_expert, s.tile_row0, s.tile_rows, s.num_tiles,
+                      moe_max_tiles(cap, K, E, tile_m), tile_m};
+    gemm_quantized_experts(QuantizedRows{s.xq, s.xs, D}, tiles, w.experts_w13, GemmOutput{s.gu, 2 * I, false}, st);
+    swiglu_quantize(s.gu, static_cast<std::int64_t>(cap) * K, s.num_rows, I, limit, s.slot_w, s.hq, s.hs, st);
+    tiles.source_row = nullptr;  // w2 reads the permuted rows themselves
+    gemm_quantized_experts(QuantizedRows{s.hq, s.hs, I}, tiles, w.experts_w2, GemmOutput{s.y, D, false}, st);
+  }
   // Shared expert (weight 1).
-  gemm_quantized(QuantizedRows{s.xq, s.xs, D}, cap, w.shared_w1, GemmOutput{s.gus, 2 * I, false}, n_dev, st);
-  gemm_quantized(QuantizedRows{s.xq, s.xs, D}, cap, w.shared_w3, GemmOutput{s.gus + I, 2 * I, false}, n_dev, st);
-  swiglu_quantize(s.gus, cap, n_dev, I, limit, nullptr, s.hsq, s.hss, st);
-  gemm_quantized(QuantizedRows{s.hsq, s.hss, I}, cap, w.shared_w2, GemmOutput{s.ys, D, false}, n_dev, st);
-  moe_combine(step, cap, static_cast<std::int32_t>(K), s.route_e, s.slot_of, s.y, s.ys, D, s.ffn_out, st);
-  hc_post(s.ffn_out, h, s.post, s.comb, shape, cap, h_out, n_dev, st);
+  {
+    ProfileScope prof(*this, "moe: shared expert");
+    gemm_quantized(QuantizedRows{s.xq, s.xs, D}, cap, w.shared_w1, GemmOutput{s.gus, 2 * I, false}, n_dev, st);
+    gemm_quantized(QuantizedRows{s.xq, s.xs, D}, cap, w.shared_w3, GemmOutput{s.gus + I, 2 * I, false}, n_dev, st);
+    swiglu_quantize(s.gus, cap, n_dev, I, limit, nullptr, s.hsq, s.hss, st);
+    gemm_quantized(QuantizedRows{s.hsq, s.hss, I}, cap, w.shared_w2, GemmOutput{s.ys, D, false}, n_dev, st);
+  }
+  {
+    ProfileScope prof(*this, "moe: combine + hc_post");
+    moe_combine(step, cap, static_cast<std::int32_t>(K), s.route_e, s.slot_of, s.y, s.ys, D, s.ffn_out, st);
+    hc_post(s.ffn_out, h, s.post, s.comb, shape, cap, h_out, n_dev, st);
+  }
 }
 
 void CudaExecutor::tap_hidden(const StepPlan& plan, std::int64_t layer, const std::uint16_t* h) {

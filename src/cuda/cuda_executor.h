@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "cuda/device_step.h"
@@ -35,6 +36,7 @@ struct CudaOptions {
   bool cuda_graphs = true;              // replay decode steps as graphs (never in the simulator)
   bool progress = true;                 // weight-loading progress on stderr
   std::int64_t indexer_scores_bytes = std::int64_t{256} << 20;  // scratch for indexer scores per call
+  std::int64_t max_logits_rows = 0;     // logits rows a step may ask for (0: every step token, plus MTP rows)
 };
 
 class CudaExecutor final : public Executor {
@@ -64,6 +66,19 @@ class CudaExecutor final : public Executor {
   const GpuModelWeights& weights() const { return weights_; }
   // Steps replayed from CUDA graphs so far (for tests and benchmarks).
   std::int64_t graph_replays() const { return graph_replays_; }
+
+  // Per-kernel-family GPU time of later steps (benchmarks): events around each family of launches;
+  // profiled steps run eagerly (a graph is not split). take_profile() returns and resets the totals.
+  struct KernelTime {
+    std::string family;
+    double ms = 0;
+    std::int64_t calls = 0;
+  };
+  void set_profiling(bool on) { profiling_ = on; }
+  std::vector<KernelTime> take_profile();
+  // Fills every cache pool with random bytes whose values are finite in every entry format
+  // (benchmarks at long context without a long prefill; never timed on zeros).
+  void randomize_cache(std::uint64_t seed);
 
  private:
   struct Scratch;
@@ -103,6 +118,12 @@ class CudaExecutor final : public Executor {
   DeviceStep* main_step_ = nullptr;  // device addresses inside plan_device_
   DeviceStep* mtp_step_ = nullptr;
   Inspector* inspector_ = nullptr;
+  // Profiling: (family, start, end) event triples of the launched step.
+  class ProfileScope;
+  bool profiling_ = false;
+  std::vector<Event> events_;
+  std::vector<std::pair<std::string, std::size_t>> marks_;  // family, index of its start event
+  std::vector<KernelTime> profile_;
 };
 
 }  // namespace dsv4::gpu

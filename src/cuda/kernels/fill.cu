@@ -38,6 +38,10 @@ __global__ void fp4_kernel(std::uint8_t* dst, std::int64_t n, std::uint64_t seed
   const std::int64_t i = index();
   if (i < n) dst[i] = static_cast<std::uint8_t>(mix64(seed ^ mix64(static_cast<std::uint64_t>(i))) & 0xffu);
 }
+__global__ void byte_range_kernel(std::uint8_t* dst, std::int64_t n, std::uint64_t seed, std::uint32_t lo, std::uint32_t span) {
+  const std::int64_t i = index();
+  if (i < n) dst[i] = static_cast<std::uint8_t>(lo + mix64(seed ^ mix64(static_cast<std::uint64_t>(i))) % span);
+}
 __global__ void const_f32_kernel(float* dst, std::int64_t n, float v) {
   const std::int64_t i = index();
   if (i < n) dst[i] = v;
@@ -81,6 +85,11 @@ void fill_fp8_codes(std::uint8_t* dst, std::int64_t n, std::uint64_t seed, gpu_s
 }
 void fill_fp4_bytes(std::uint8_t* dst, std::int64_t n, std::uint64_t seed, gpu_stream_t stream) {
   if (n > 0) launch(fp4_kernel, dim3(blocks(n)), dim3(kThreads), 0, stream, dst, n, seed);
+}
+void fill_bytes_in_range(std::uint8_t* dst, std::int64_t n, std::uint64_t seed, std::uint8_t lo, std::uint8_t hi,
+                         gpu_stream_t stream) {
+  if (n > 0) launch(byte_range_kernel, dim3(blocks(n)), dim3(kThreads), 0, stream, dst, n, seed, static_cast<std::uint32_t>(lo),
+                    static_cast<std::uint32_t>(hi - lo + 1));
 }
 void fill_const_f32(float* dst, std::int64_t n, float value, gpu_stream_t stream) {
   if (n > 0) launch(const_f32_kernel, dim3(blocks(n)), dim3(kThreads), 0, stream, dst, n, value);

@@ -17,6 +17,9 @@ void fill_fp8_codes(std::uint8_t* dst, std::int64_t n, std::uint64_t seed, gpu_s
 void fill_fp4_bytes(std::uint8_t* dst, std::int64_t n, std::uint64_t seed, gpu_stream_t stream);
 void fill_const_f32(float* dst, std::int64_t n, float value, gpu_stream_t stream);
 void fill_const_u8(std::uint8_t* dst, std::int64_t n, std::uint8_t value, gpu_stream_t stream);
+// Bytes uniform in [lo, hi].
+void fill_bytes_in_range(std::uint8_t* dst, std::int64_t n, std::uint64_t seed, std::uint8_t lo, std::uint8_t hi,
+                         gpu_stream_t stream);
 // rows x k expert ids in [0, experts): row r gets k distinct ids (when k <= experts).
 void fill_expert_ids(std::int32_t* dst, std::int64_t rows, std::int32_t k, std::int32_t experts, std::uint64_t seed,
                      gpu_stream_t stream);

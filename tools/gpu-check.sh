@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Every GPU test and benchmark on a Hopper GPU (H100 / H200), then a short table.
+#
+#   tools/gpu-check.sh                  build the GPU targets (sm_90a) in build-gpu, then run them
+#   tools/gpu-check.sh --bundle DIR     build, then copy the GPU programs and the libraries they need
+#                                       that a CUDA machine may lack into DIR (bin/, lib/); no run
+#   tools/gpu-check.sh --prebuilt DIR   run the programs of a bundle (a GPU machine without the
+#                                       Debian packages: build elsewhere, carry DIR over)
+# Options: --quick (small benchmark), --no-bench, --no-sanitizer, --logs DIR (default: $OUT, else
+# build-gpu/gpu-check). Building needs tools/install-deps.sh's packages and the CUDA toolkit (nvcc).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+mode=build
+bundle=""
+quick=0
+bench=1
+sanitizer=1
+logs="${OUT:-}"
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --bundle) mode=bundle; bundle="$2"; shift ;;
+    --prebuilt) mode=prebuilt; bundle="$2"; shift ;;
+    --quick) quick=1 ;;
+    --no-bench) bench=0 ;;
+    --no-sanitizer) sanitizer=0 ;;
+    --logs) logs="$2"; shift ;;
+    *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+programs=(test_device_language test_gpu_ops test_gpu_model bench_gpu_model dsv4)
+
+if [ "$mode" != prebuilt ]; then
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DDSV4_WERROR="${DSV4_WERROR:-OFF}" >/dev/null || exit 1
+  cmake --build build-gpu -j"$(nproc)" --target test_device_language test_gpu_ops test_gpu_model bench_gpu_model dsv4 || exit 1
+  bin=build-gpu
+  find_program() { find build-gpu -type f -name "$1" -perm -u+x | head -n 1; }
+  if [ "$mode" = bundle ]; then
+    rm -rf "$bundle" && mkdir -p "$bundle/bin" "$bundle/lib"
+    for p in "${programs[@]}"; do
+      f=$(find_program "$p")
+      [ -n "$f" ] || { echo "gpu-check: $p was not built" >&2; exit 1; }
+      cp "$f" "$bundle/bin/" && strip --strip-debug "$bundle/bin/$p"
+      # Libraries outside the C/C++ runtime and the CUDA driver (a CUDA machine has those).
+      ldd "$f" | awk '/=> \//{print $3}' | grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux|libcuda)\.' |
+        while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
+    done
+    cp tools/gpu-check.sh "$bundle/"
+    du -sh "$bundle"
+    exit 0
+  fi
+else
+  export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  find_program() { echo "$bundle/bin/$1"; }
+fi
+
+logs="${logs:-build-gpu/gpu-check}"
+mkdir -p "$logs"
+results=()
+# check NAME TIMEOUT COMMAND...: runs it, keeps its output in $logs/NAME.log, records the outcome.
+check() {
+  local name="$1" limit="$2"
+  shift 2
+  local start=$SECONDS status
+  timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+  status=$?
+  local verdict=PASS
+  [ $status -eq 0 ] || verdict="FAIL($status)"
+  [ $status -eq 124 ] && verdict="TIMEOUT"
+  results+=("$(printf '| %-34s | %-9s | %5ss |' "$name" "$verdict" "$((SECONDS - start))")")
+  echo "== $name: $verdict ($((SECONDS - start)) s)"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$logs/gpu.txt"
+
+check device_language 300 "$(find_program test_device_language)"
+check gpu_ops 600 "$(find_program test_gpu_ops)"
+check gpu_model 600 "$(find_program test_gpu_model)"
+
+if [ $sanitizer = 1 ] && command -v compute-sanitizer >/dev/null; then
+  # memcheck and racecheck on the op tests (smaller cases) and on the tiny model's forward.
+  check memcheck_ops 600 compute-sanitizer --tool memcheck --error-exitcode 1 "$(find_program test_gpu_ops)" --gtest_brief=1
+  check racecheck_ops 600 compute-sanitizer --tool racecheck --error-exitcode 1 "$(find_program test_gpu_ops)" --gtest_brief=1
+  check memcheck_model 600 compute-sanitizer --tool memcheck --error-exitcode 1 "$(find_program test_gpu_model)" \
+    --gtest_filter='*CacheBytes*' --gtest_brief=1
+fi
+
+if [ $bench = 1 ]; then
+  if [ $quick = 1 ]; then
+    check bench_model 600 "$(find_program bench_gpu_model)" --layers 4 --batches 1,32 --contexts 4096 --steps 10 --prefill 8192
+  else
+    check bench_model 900 "$(find_program bench_gpu_model)" --layers 8 --batches 1,32,128 --contexts 4096,131072 --steps 20 \
+      --prefill 32768
+  fi
+fi
+
+# Serving on the GPU: a Flash-shaped model (4 layers, dummy weights) answers a streaming chat request.
+serve_dir=$(mktemp -d)
+python3 - tests/fixtures/v4-flash/config.json "$serve_dir/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["num_hidden_layers"] = 4
+c["compress_ratios"] = c["compress_ratios"][:4] + c["compress_ratios"][-1:]
+json.dump(c, open(sys.argv[2], "w"), indent=1)
+PY
+serve_check() {
+  local port=18411 dsv4
+  dsv4=$(find_program dsv4)
+  "$dsv4" serve --device cuda --load-format dummy --model "$serve_dir" --port $port --max-model-len 8192 \
+    --max-num-batched-tokens 512 --max-num-seqs 8 >"$logs/serve_server.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 1 240); do
+    curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
+    sleep 1
+  done
+  curl -sN "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
+    -d '{"model": "m", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 16, "stream": true}' \
+    >"$logs/serve_stream.txt"
+  local ok=$?
+  kill -TERM $pid 2>/dev/null
+  wait $pid 2>/dev/null
+  [ $ok -eq 0 ] && grep -q '\[DONE\]' "$logs/serve_stream.txt"
+}
+if [ -f "$serve_dir/config.json" ]; then
+  check serve_stream 400 serve_check
+fi
+
+echo
+echo "| check                              | result    |  time |"
+echo "|------------------------------------|-----------|-------|"
+printf '%s\n' "${results[@]}"
+grep -h '^\[gpu-vs-cpu\]' "$logs/gpu_model.log" 2>/dev/null | head -n 12
+grep -h '^| decode\|^prefill' "$logs/bench_model.log" 2>/dev/null
