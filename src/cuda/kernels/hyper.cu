@@ -98,10 +98,10 @@ __global__ void __launch_bounds__(kThreads) hc_pre_kernel(const std::uint16_t* h
     const float eps = s.hc_eps;
     float c[kMaxHc * kMaxHc];
     for (int i = 0; i < hc; ++i) {
-      pre[i] = sigmoid_ref(mixes[i] * w.scale[0] + w.base[i]) + eps;
-      post[row * hc + i] = 2.0f * sigmoid_ref(mixes[hc + i] * w.scale[1] + w.base[hc + i]);
+      pre[i] = sigmoid_ref(add_rn(mul_rn(mixes[i], w.scale[0]), w.base[i])) + eps;
+      post[row * hc + i] = 2.0f * sigmoid_ref(add_rn(mul_rn(mixes[hc + i], w.scale[1]), w.base[hc + i]));
     }
-    for (int q = 0; q < hc * hc; ++q) c[q] = mixes[2 * hc + q] * w.scale[2] + w.base[2 * hc + q];
+    for (int q = 0; q < hc * hc; ++q) c[q] = add_rn(mul_rn(mixes[2 * hc + q], w.scale[2]), w.base[2 * hc + q]);
     for (int it = 0; it < s.sinkhorn_iters; ++it) {
       for (int i = 0; i < hc; ++i) {
         float* rw = c + i * hc;
@@ -145,7 +145,8 @@ __global__ void __launch_bounds__(kThreads) hc_head_kernel(const std::uint16_t* 
   const std::int64_t row = all_tokens ? i : static_cast<std::int64_t>(step->logits_tokens[i]);
   const std::uint16_t* hrow = h + row * n;
   block_mixes(hrow, w.fn, n, hc, s.norm_eps, red, mixes);
-  if (static_cast<int>(threadIdx.x) < hc) pre[threadIdx.x] = sigmoid_ref(mixes[threadIdx.x] * w.scale[0] + w.base[threadIdx.x]) + s.hc_eps;
+  if (static_cast<int>(threadIdx.x) < hc)
+    pre[threadIdx.x] = sigmoid_ref(add_rn(mul_rn(mixes[threadIdx.x], w.scale[0]), w.base[threadIdx.x])) + s.hc_eps;
   __syncthreads();
   weighted_sum_norm(hrow, pre, hc, s.dim, norm_w, s.norm_eps, ybuf, red, y + i * s.dim);
 }
