@@ -371,7 +371,7 @@ TEST(GpuOps, GemmBf16StridedF32) {
       EXPECT_EQ(s.nonfinite, 0) << shape;
       EXPECT_LT(s.rel_l2(), sim() ? 1e-5 : 1e-3) << shape;
       sweep.add("gemm_bf16 f32 strided", fmt::format("bf16 {} 2 x n {} k {} into ld {}", path_name(path), n, k, 2 * n), s,
-                "the compressor's wkv | wgate halves");
+                "the compressor's wkv and wgate halves");
     }
   }
   sweep.flush("rows 1,9,130");

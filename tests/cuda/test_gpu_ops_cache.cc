@@ -301,7 +301,7 @@ TEST(GpuOpsCache, Compressor) {
         tot.no_position += no_position;
         tot.stray += stray;
       }
-      step_positions += fmt::format("{}{}", si == 0 ? "" : " | ", positions_of(plan));
+      step_positions += fmt::format("{}{}", si == 0 ? "" : " ; ", positions_of(plan));
       hz.commit(plan);
     }
     for (std::size_t ci = 0; ci < cases.size(); ++ci) {
