@@ -47,7 +47,6 @@ if [ "$mode" != prebuilt ]; then
       ldd "$f" | awk '/=> \//{print $3}' | grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux|libcuda)\.' |
         while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
     done
-    cp tools/gpu-check.sh "$bundle/"
     du -sh "$bundle"
     exit 0
   fi

@@ -13,6 +13,7 @@
 #include "numerics/bf16.h"
 #include "numerics/block_quant.h"
 #include "numerics/hadamard.h"
+#include "numerics/exp_float.h"
 
 namespace dsv4 {
 namespace {
@@ -104,7 +105,7 @@ void compressor_pool(std::span<const float> ring, bool has_previous, const Compr
     for (const Source& s : src) mx = std::max(mx, ring[static_cast<std::size_t>(s.score + c)]);
     float sum = 0.0f;
     for (std::size_t i = 0; i < src.size(); ++i) {
-      w[i] = std::exp(ring[static_cast<std::size_t>(src[i].score + c)] - mx);
+      w[i] = exp_float(ring[static_cast<std::size_t>(src[i].score + c)] - mx);
       sum += w[i];
     }
     float acc = 0.0f;

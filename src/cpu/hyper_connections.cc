@@ -9,6 +9,7 @@
 
 #include "cpu/linear.h"
 #include "numerics/bf16.h"
+#include "numerics/exp_float.h"
 
 namespace dsv4 {
 namespace {
@@ -24,7 +25,7 @@ void check_params(const HcParams& p, const char* who, bool need_dim = true) {
   }
 }
 
-float sigmoid(float z) { return 1.0f / (1.0f + std::exp(-z)); }
+float sigmoid(float z) { return 1.0f / (1.0f + exp_float(-z)); }
 
 }  // namespace
 
@@ -69,7 +70,7 @@ void hc_split_sinkhorn(std::span<const float> mixes, std::span<const float> scal
         const float mx = *std::max_element(row, row + hc);
         float sum = 0.0f;
         for (std::int64_t j = 0; j < hc; ++j) {
-          row[j] = std::exp(row[j] - mx);
+          row[j] = exp_float(row[j] - mx);
           sum += row[j];
         }
         for (std::int64_t j = 0; j < hc; ++j) row[j] = row[j] / sum + eps;

@@ -10,12 +10,13 @@
 #include "cpu/indexer.h"
 #include "cpu/linear.h"
 #include "numerics/bf16.h"
+#include "numerics/exp_float.h"
 
 namespace dsv4 {
 namespace {
 
-float softplus(float z) { return z > 20.0f ? z : std::log1p(std::exp(z)); }
-float silu(float z) { return z / (1.0f + std::exp(-z)); }
+float softplus(float z) { return z > 20.0f ? z : std::log1p(exp_float(z)); }
+float silu(float z) { return z / (1.0f + exp_float(-z)); }
 
 MoeRouting weigh(std::span<const float> scores, std::vector<std::int64_t> experts, const MoeParams& p) {
   MoeRouting r;

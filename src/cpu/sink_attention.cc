@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "numerics/bf16.h"
+#include "numerics/exp_float.h"
 
 namespace dsv4 {
 
@@ -50,18 +51,18 @@ void sink_attention(std::span<const float> q, std::int64_t n_heads, std::int64_t
         block_max = std::max(block_max, s[i - b0]);
       }
       const float m_new = std::max(m, block_max);
-      const float corr = m == -INFINITY ? 0.0f : std::exp(m - m_new);
+      const float corr = m == -INFINITY ? 0.0f : exp_float(m - m_new);
       sum *= corr;
       for (std::size_t c = 0; c < d; ++c) acc[c] *= corr;
       for (std::size_t i = b0; i < b1; ++i) {
-        const float p = std::exp(s[i - b0] - m_new);
+        const float p = exp_float(s[i - b0] - m_new);
         sum += p;
         const float pb = round_to_bf16(p);
         for (std::size_t c = 0; c < d; ++c) acc[c] += pb * kv[i][c];
       }
       m = m_new;
     }
-    const float den = sum + std::exp(sink[static_cast<std::size_t>(h)] - m);
+    const float den = sum + exp_float(sink[static_cast<std::size_t>(h)] - m);
     for (std::size_t c = 0; c < d; ++c) oh[c] = round_to_bf16(acc[c] / den);
   });
 }

@@ -17,6 +17,7 @@
 #include <numeric>
 #include <random>
 
+#include "cpu/cache_codec.h"
 #include "cpu/cpu_executor.h"
 #include "cuda/cuda_executor.h"
 #include "engine/engine.h"
@@ -25,6 +26,7 @@
 #include "kvcache/memory_plan.h"
 #include "model/presets.h"
 #include "model/synthetic_checkpoint.h"
+#include "numerics/ue8m0.h"
 #include "support/test_support.h"
 #include "cuda/runtime.h"
 
@@ -266,9 +268,17 @@ TEST_F(GpuModel, CacheBytesMatchTheCpuExecutor) {
             }
             max_rel = std::max(max_rel, diff_max / std::max(ref_max, 1e-30));
           } else if (fp8_codes) {
-            auto ordinal = [](std::uint8_t c) { return (c & 0x80) ? -static_cast<int>(c & 0x7f) : static_cast<int>(c & 0x7f); };
-            for (std::int64_t i = 0; i < k.config.head_dim - k.config.qk_rope_head_dim; ++i)
-              max_step = std::max<std::int64_t>(max_step, std::abs(ordinal(a[layout.data_offset(e) + i]) - ordinal(b[layout.data_offset(e) + i])));
+            // Decoded values, and their difference in e4m3 steps at the coarser of the two block
+            // scales (a block whose maximum sits on a power-of-two boundary may get either scale).
+            std::vector<float> va(static_cast<std::size_t>(k.config.head_dim)), vb(va.size());
+            decode_main_kv(a + layout.data_offset(e), a + layout.scale_offset(e), k.config.qk_rope_head_dim, KvCacheDtype::kFp8, va);
+            decode_main_kv(b + layout.data_offset(e), b + layout.scale_offset(e), k.config.qk_rope_head_dim, KvCacheDtype::kFp8, vb);
+            for (std::int64_t i = 0; i < k.config.head_dim - k.config.qk_rope_head_dim; ++i) {
+              const float scale = std::max(ue8m0_to_f32(a[layout.scale_offset(e) + i / 64]), ue8m0_to_f32(b[layout.scale_offset(e) + i / 64]));
+              const float mag = std::max(std::fabs(va[static_cast<std::size_t>(i)]), std::fabs(vb[static_cast<std::size_t>(i)])) / scale;
+              const float step = scale * (mag < 0x1p-6f ? 0x1p-9f : std::ldexp(1.0f, static_cast<int>(std::floor(std::log2(mag))) - 3));
+              max_step = std::max<std::int64_t>(max_step, std::llround(std::fabs(va[static_cast<std::size_t>(i)] - vb[static_cast<std::size_t>(i)]) / step));
+            }
           }
         }
         if (entries == 0) continue;
@@ -276,7 +286,7 @@ TEST_F(GpuModel, CacheBytesMatchTheCpuExecutor) {
                     std::string(cache_kind_name(group.kind)).c_str(), static_cast<long long>(s), static_cast<long long>(entries),
                     static_cast<long long>(differing),
                     state ? fmt::format(" (fp32 state: max difference / max value {:.1e})", max_rel).c_str()
-                    : fp8_codes ? fmt::format(" (largest e4m3 code step {})", max_step).c_str() : "");
+                    : fp8_codes ? fmt::format(" (largest difference {} e4m3 steps)", max_step).c_str() : "");
         // The first layer's window kv sees identical inputs on both sides: its bytes may differ only
         // where the wkv product's summation order moved a value across an FP8 rounding boundary.
         if (group.kind == CacheKind::kWindowKv && group.layers[static_cast<std::size_t>(s)] == 0) {
@@ -285,6 +295,85 @@ TEST_F(GpuModel, CacheBytesMatchTheCpuExecutor) {
         }
       }
     }
+  }
+}
+
+// The GPU against itself: one-shot prefill, chunked prefill, token-by-token decode, a batch of
+// sequences at different positions, a prefix-cache hit and preemption. The CPU executor is
+// bit-identical across these paths; the GPU is not (its kernels are chosen by step size: the
+// CUDA-core product for few rows, tensor-core tiles for many; split-K attention for few
+// tokens), so this reports how far apart the paths land and holds them to the GPU-vs-CPU bounds.
+TEST_F(GpuModel, PathsAgreeOnTheGpu) {
+  for (const Case& k : cases()) {
+    SCOPED_TRACE(k.name);
+    const std::filesystem::path dir = dir_ / k.name;
+    write_synthetic_checkpoint(k.config, dir, {.seed = 3});
+    const std::int64_t T = gpu::simulated() ? 40 : 300, vocab = k.config.vocab_size;
+    const std::vector<std::int32_t> tokens = random_tokens(static_cast<std::size_t>(T), 21, vocab);
+    Engine engine(CudaExecutor::load(dir, cache_options(), quiet()), engine_config(512));
+    const std::vector<float> one_shot = engine.score(tokens, 0, T);
+    struct Path {
+      const char* name;
+      std::vector<float> logits;
+    };
+    const std::vector<Path> paths = {{"chunk 37", engine.score(tokens, 37, T)},
+                                     {"decode last 24", engine.score(tokens, 0, T - 24)},
+                                     {"one-shot again", engine.score(tokens, 0, T)}};
+    for (const Path& p : paths) {
+      const Stats e = stats_of(row_errors(p.logits, one_shot, static_cast<std::size_t>(vocab)));
+      const double agree = argmax_agreement(p.logits, one_shot, static_cast<std::size_t>(vocab));
+      std::printf("[gpu-paths] %-10s %-15s vs one-shot: logits rel err median %.2e p90 %.2e max %.2e | argmax %.3f\n",
+                  k.name.c_str(), p.name, e.median, e.p90, e.max, agree);
+      EXPECT_LT(e.median, 0.1) << p.name;
+      EXPECT_GE(agree, 0.85) << p.name;
+      if (std::string(p.name) == "one-shot again") {
+        EXPECT_EQ(e.max, 0.0) << "the same step twice must be bit-identical";
+      }
+    }
+
+    if (gpu::simulated()) continue;  // the generation paths below take minutes on the simulator
+    // A batch of three prompts at different lengths against each alone (greedy, logprobs of the
+    // first output token come from the prefill's logits), then the same prompts again: prefix
+    // hits for the two that span a 256-position block.
+    const std::vector<std::vector<std::int32_t>> prompts = {
+        random_tokens(static_cast<std::size_t>(gpu::simulated() ? 9 : 130), 31, vocab),
+        random_tokens(static_cast<std::size_t>(gpu::simulated() ? 30 : 300), 32, vocab),
+        random_tokens(static_cast<std::size_t>(gpu::simulated() ? 17 : 270), 33, vocab)};
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    greedy.max_tokens = 4;
+    greedy.logprobs = 0;
+    greedy.ignore_eos = true;
+    const std::vector<RequestOutput> together = engine.generate(prompts, {greedy});
+    const std::vector<RequestOutput> again = engine.generate(prompts, {greedy});
+    double worst_batch = 0, worst_hit = 0;
+    std::int64_t cached = 0;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      const std::vector<RequestOutput> alone = engine.generate({prompts[i]}, {greedy});
+      ASSERT_EQ(together[i].new_logprobs.size(), 4u);
+      worst_batch = std::max(worst_batch, static_cast<double>(std::fabs(together[i].new_logprobs[0].logprob - alone[0].new_logprobs[0].logprob)));
+      worst_hit = std::max(worst_hit, static_cast<double>(std::fabs(again[i].new_logprobs[0].logprob - together[i].new_logprobs[0].logprob)));
+      cached += again[i].num_cached_tokens;
+    }
+    std::printf("[gpu-paths] %-10s batched vs alone: first-token logprob differs by at most %.2e; prefix hits (%lld cached tokens): %.2e\n",
+                k.name.c_str(), worst_batch, static_cast<long long>(cached), worst_hit);
+    EXPECT_LT(worst_batch, 0.1);
+    EXPECT_LT(worst_hit, 0.1);
+    if (!gpu::simulated()) {
+      EXPECT_GT(cached, 0);
+    }
+
+    // Preemption: a cache that holds about one prompt at a time; the same greedy outputs' first tokens.
+    EngineConfig small = engine_config(512);
+    small.cache_bytes = 0;
+    small.cache_pages = sequence_pages(CacheSpec::build(k.config, cache_options()), gpu::simulated() ? 48 : 320);
+    for (std::int64_t& pages : small.cache_pages) pages = pages * 3 / 2;  // room for one prompt and a bit
+    Engine tight(CudaExecutor::load(dir, cache_options(), quiet()), small);
+    const std::vector<RequestOutput> squeezed = tight.generate(prompts, {greedy});
+    std::int64_t same_first = 0;
+    for (std::size_t i = 0; i < prompts.size(); ++i) same_first += squeezed[i].new_tokens[0] == together[i].new_tokens[0];
+    std::printf("[gpu-paths] %-10s small cache: %lld preemptions, first tokens equal for %lld of %zu\n", k.name.c_str(),
+                static_cast<long long>(tight.stats().num_preemptions), static_cast<long long>(same_first), prompts.size());
   }
 }
 

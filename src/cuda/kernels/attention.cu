@@ -8,6 +8,7 @@
 #include "cuda/kernels/cache_access.cuh"
 #include "cuda/kernels/numerics.cuh"
 #include "cuda/kernels/reduce.cuh"
+#include "numerics/exp_float.h"
 
 namespace dsv4::gpu {
 namespace {
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
       const float m_new = fmaxf(m[r], mx[r]);
-      corr[r] = m[r] == -INFINITY ? 0.0f : expf(m[r] - m_new);
+      corr[r] = m[r] == -INFINITY ? 0.0f : exp_float(m[r] - m_new);
       m[r] = m_new;
     }
     std::uint32_t pf[8][2];  // P as bf16 pairs: [n-tile][row half]
@@ -202,7 +203,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       float p[4];
       DSV4_UNROLL
       for (int e = 0; e < 4; ++e) {
-        p[e] = s[ni][e] == -INFINITY ? 0.0f : expf(s[ni][e] - m[e >> 1]);
+        p[e] = s[ni][e] == -INFINITY ? 0.0f : exp_float(s[ni][e] - m[e >> 1]);
         sum[e >> 1] += p[e];
       }
       pf[ni][0] = pack_bf16(p[0], p[1]);
@@ -242,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   for (int r = 0; r < 2; ++r) {
     const int head = hg * kHeadsPerCta + wr * 16 + g + 8 * r;
     if (head < a.heads && a.splits == 1) {
-      const float den = l[r] + expf(a.sink[head] - m[r]);
+      const float den = l[r] + exp_float(a.sink[head] - m[r]);
       std::uint16_t* out = a.out + (static_cast<std::int64_t>(t) * a.heads + head) * kDim;
       DSV4_UNROLL
       for (int nj = 0; nj < 32; ++nj) {
@@ -282,12 +283,12 @@ __global__ void combine_kernel(AttentionArgs a) {
     const std::int64_t base = (static_cast<std::int64_t>(s) * a.capacity + t) * a.heads + head;
     const float ms = a.part_ml[base * 2];
     if (ms == -INFINITY) continue;
-    const float w = expf(ms - big);
+    const float w = exp_float(ms - big);
     total += a.part_ml[base * 2 + 1] * w;
     DSV4_UNROLL
     for (int j = 0; j < 4; ++j) acc[j] += a.part_acc[base * kDim + d0 + j] * w;
   }
-  const float den = total + expf(a.sink[head] - big);
+  const float den = total + exp_float(a.sink[head] - big);
   const float* cs = (a.compressed_rope ? st.rope_compressed : st.rope_window) + static_cast<std::int64_t>(t) * 2 * kRopeHalf;
   std::uint16_t* out = a.out + (static_cast<std::int64_t>(t) * a.heads + head) * kDim;
   finish_pair(acc[0] / den, acc[1] / den, d0, cs, out);

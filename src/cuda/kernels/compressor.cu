@@ -6,6 +6,7 @@
 #include "cuda/kernels/cache_access.cuh"
 #include "cuda/kernels/numerics.cuh"
 #include "cuda/kernels/reduce.cuh"
+#include "numerics/exp_float.h"
 
 namespace dsv4::gpu {
 namespace {
@@ -71,13 +72,13 @@ __global__ void entries_kernel(CompressorArgs a) {
   for (int k = 0; k < slots; ++k) {
     int vo = 0, so = 0;
     const float* p = source(k, &vo, &so);
-    if (p != nullptr) sum += expf(p[so] - mx);
+    if (p != nullptr) sum += exp_float(p[so] - mx);
   }
   float acc = 0.0f;
   for (int k = 0; k < slots; ++k) {
     int vo = 0, so = 0;
     const float* p = source(k, &vo, &so);
-    if (p != nullptr) acc = add_rn(acc, mul_rn(p[vo], expf(p[so] - mx) / sum));
+    if (p != nullptr) acc = add_rn(acc, mul_rn(p[vo], exp_float(p[so] - mx) / sum));
   }
 
   // compressor_finish: bf16, RMSNorm (bf16), RoPE at j * r on the last 64 dims (bf16).

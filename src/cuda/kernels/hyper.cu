@@ -5,6 +5,7 @@
 #include "cuda/device.h"
 #include "cuda/kernels/numerics.cuh"
 #include "cuda/kernels/reduce.cuh"
+#include "numerics/exp_float.h"
 
 namespace dsv4::gpu {
 namespace {
@@ -110,7 +111,7 @@ __global__ void __launch_bounds__(kThreads) hc_pre_kernel(const std::uint16_t* h
           for (int j = 1; j < hc; ++j) mx = fmaxf(mx, rw[j]);
           float sum = 0.0f;
           for (int j = 0; j < hc; ++j) {
-            rw[j] = expf(rw[j] - mx);
+            rw[j] = exp_float(rw[j] - mx);
             sum += rw[j];
           }
           for (int j = 0; j < hc; ++j) rw[j] = rw[j] / sum + eps;

@@ -5,6 +5,7 @@
 #include "cuda/device.h"
 #include "cuda/kernels/numerics.cuh"
 #include "cuda/kernels/reduce.cuh"
+#include "numerics/exp_float.h"
 
 namespace dsv4::gpu {
 namespace {
@@ -26,7 +27,7 @@ __global__ void __launch_bounds__(128) route_kernel(MoeRouteArgs a) {
   const int E = a.experts, k = a.top_k;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     const float z = a.logits[static_cast<std::int64_t>(t) * E + e];
-    const float sp = z > 20.0f ? z : log1pf(expf(z));
+    const float sp = z > 20.0f ? z : log1pf(exp_float(z));
     score[e] = sqrtf(sp);
     if (a.bias != nullptr) {
       const float b = score[e] + a.bias[e];

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cuda/device.h"
+#include "numerics/exp_float.h"
 
 // Full unrolling of a constant-trip loop (register arrays indexed by its counter stay in
 // registers); nothing for the host compiler of the simulator.
@@ -142,7 +143,7 @@ __device__ __forceinline__ std::uint32_t byte_of(const uint4& v, int j) {
   return (w >> (8 * (j & 3))) & 0xffu;
 }
 
-__device__ __forceinline__ float sigmoid_ref(float z) { return 1.0f / (1.0f + expf(-z)); }
-__device__ __forceinline__ float silu_ref(float z) { return z / (1.0f + expf(-z)); }
+__device__ __forceinline__ float sigmoid_ref(float z) { return 1.0f / (1.0f + exp_float(-z)); }
+__device__ __forceinline__ float silu_ref(float z) { return z / (1.0f + exp_float(-z)); }
 
 }  // namespace dsv4::gpu
