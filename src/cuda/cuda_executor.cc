@@ -85,6 +85,7 @@ struct CudaExecutor::Scratch {
   float *post = nullptr, *comb = nullptr, *state_main = nullptr, *state_index = nullptr, *scores = nullptr;
   float *gate_logits = nullptr, *route_w = nullptr, *slot_w = nullptr, *part_acc = nullptr, *part_ml = nullptr;
   float* logits = nullptr;
+  float* hc_scratch = nullptr;
   std::int32_t *top_idx = nullptr, *top_count = nullptr, *route_e = nullptr, *source_row = nullptr, *slot_of = nullptr;
   std::int32_t *tile_expert = nullptr, *tile_row0 = nullptr, *tile_rows = nullptr, *num_tiles = nullptr, *num_rows = nullptr;
   // MTP block inputs
@@ -115,6 +116,7 @@ struct CudaExecutor::Scratch {
     xq = k.take<std::uint8_t>(T * D);
     xs = k.take<float>(T * ceil_div(D, 128));
     post = k.take<float>(T * hc);
+    hc_scratch = k.take<float>(hc_scratch_floats(std::max(T, logits_rows), HcShape{static_cast<int>(hc), D, 1, 0, 0}));
     comb = k.take<float>(T * hc * hc);
     qa = k.take<std::uint16_t>(T * ql);
     qr = k.take<std::uint16_t>(T * ql);
@@ -559,7 +561,7 @@ void CudaExecutor::forward(std::int32_t capacity, std::int64_t n_logits, std::in
   if (n_logits > 0 || plan == nullptr) {
     {
       ProfileScope prof(*this, "head");
-      hc_head(h, main_step_, false, head_rows, weights_.hc_head, weights_.norm, shape, s.head_y, st);
+      hc_head(h, main_step_, false, head_rows, weights_.hc_head, weights_.norm, shape, s.head_y, s.hc_scratch, st);
       gemm_bf16(s.head_y, c.hidden_size, head_rows, weights_.head, 1, GemmOutput{s.logits, c.vocab_size, true},
                 n_logits_of(main_step_), st);
     }
@@ -591,7 +593,7 @@ void CudaExecutor::mtp_block(std::int64_t n_mtp, std::int64_t n_logits) {
   mtp_streams(s.mtp_hp, s.mtp_ep, shape, n, s.mtp_h0, st);
   attention_layer(mtp_step_, n, m.block, s.mtp_h0, s.mtp_h1, nullptr);
   ffn_layer(mtp_step_, n, m.block, s.mtp_h1, s.mtp_h0);
-  hc_head(s.mtp_h0, mtp_step_, true, n, m.hc_head, m.norm, shape, s.head_y, st);
+  hc_head(s.mtp_h0, mtp_step_, true, n, m.hc_head, m.norm, shape, s.head_y, s.hc_scratch, st);
   gemm_bf16(s.head_y, D, n, weights_.head, 1, GemmOutput{s.logits + n_logits * c.vocab_size, c.vocab_size, true}, nullptr, st);
 }
 
@@ -614,7 +616,7 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
   const QuantizedRows qrq{s.qrq, s.qrs, ql};
   {
     ProfileScope prof(*this, "attn: hc_pre + q/kv projections");
-    hc_pre(h, w.hc_attn, w.attn_norm, shape, cap, s.x, s.post, s.comb, n_dev, st);
+    hc_pre(h, w.hc_attn, w.attn_norm, shape, cap, s.x, s.post, s.comb, n_dev, s.hc_scratch, st);
     quantize_activations(s.x, D, cap, D, s.xq, s.xs, n_dev, st);
     gemm_quantized(xq, cap, w.wq_a, GemmOutput{s.qa, ql, false}, n_dev, st);
     rms_norm_rows(s.qa, w.q_norm, cap, ql, eps, s.qr, n_dev, st);
@@ -816,7 +818,7 @@ void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const Gpu
 
   {
     ProfileScope prof(*this, "moe: hc_pre + gate + route");
-    hc_pre(h, w.hc_ffn, w.ffn_norm, shape, cap, s.x, s.post, s.comb, n_dev, st);
+    hc_pre(h, w.hc_ffn, w.ffn_norm, shape, cap, s.x, s.post, s.comb, n_dev, s.hc_scratch, st);
     // Routing (fp32 gate).
     gemm_bf16(s.x, D, cap, w.gate, 1, GemmOutput{s.gate_logits, E, true}, n_dev, st);
     MoeRouteArgs route;

@@ -562,8 +562,9 @@ TEST(GpuOps, HcPreAndPost) {
       DevArray<std::uint16_t> dx(ref_x.size());
       DevArray<float> dpost(ref_post.size()), dcomb(ref_comb.size());
       const gpu::HcShape shape{hc, dim, 20, 1e-6f, 1e-6f};
+      DevArray<float> dscratch(static_cast<std::size_t>(gpu::hc_scratch_floats(rows, shape)));
       gpu::hc_pre(dh.get(), gpu::HcWeights{dfn.get(), dbase.get(), dscale.get()}, dnorm.get(), shape, rows, dx.get(), dpost.get(),
-                  dcomb.get(), nullptr, st());
+                  dcomb.get(), nullptr, dscratch.get(), st());
       const ErrStats sx = compare(from_bf16(dx.download()), ref_x);
       const ErrStats sp = compare(dpost.download(), ref_post);
       const ErrStats sc = compare(dcomb.download(), ref_comb);
@@ -616,6 +617,7 @@ TEST(GpuOps, HcHeadEmbedMtp) {
   const gpu::HcShape shape{hc, dim, 20, 1e-6f, 1e-6f};
   DevArray<std::uint16_t> dh(to_bf16(h));
   DevArray<float> dfn(in.fn), dbase(in.base), dscale(in.scale), dnorm(in.norm_w);
+  DevArray<float> dscratch(static_cast<std::size_t>(gpu::hc_scratch_floats(T, shape)));
   for (bool all : {false, true}) {
     const std::vector<std::int32_t> rows = all ? positions : logits_tokens;
     std::vector<float> ref(rows.size() * static_cast<std::size_t>(dim));
@@ -627,7 +629,7 @@ TEST(GpuOps, HcHeadEmbedMtp) {
     }
     DevArray<std::uint16_t> dy(static_cast<std::size_t>(T * dim));
     gpu::hc_head(dh.get(), step->get(), all, static_cast<std::int32_t>(T), gpu::HcWeights{dfn.get(), dbase.get(), dscale.get()},
-                 dnorm.get(), shape, dy.get(), st());
+                 dnorm.get(), shape, dy.get(), dscratch.get(), st());
     std::vector<float> got = from_bf16(dy.download());
     // Rows past the count stay poisoned.
     std::int64_t past = 0;

@@ -1,6 +1,8 @@
 // Residual-stream kernels (hyper.h). CPU twins: cpu/hyper_connections.cc, cpu/rms_norm.cc.
 #include "cuda/kernels/hyper.h"
 
+#include <algorithm>
+
 #include "cuda/kernels/launch_check.h"
 #include "cuda/device.h"
 #include "cuda/kernels/numerics.cuh"
@@ -12,7 +14,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxHc = 4;
-constexpr int kMaxMix = (2 + kMaxHc) * kMaxHc;
 
 __device__ __forceinline__ bool row_live(std::int64_t row, std::int64_t rows, const std::int32_t* rows_dev) {
   return row < rows && (rows_dev == nullptr || row < *rows_dev);
@@ -28,37 +29,76 @@ __global__ void embed_kernel(const DeviceStep* step, const std::uint16_t* embed,
   for (int i = 0; i < hc; ++i) h[(row * hc + i) * dim + k] = v;
 }
 
-// The fp32 mixes of one token's streams (hc_mixes): sum of squares and n_mix dot products,
-// reduced over the block; returns them in `mixes` (shared) for every thread.
-__device__ void block_mixes(const std::uint16_t* hrow, const float* fn, std::int64_t n, int n_mix, float eps,
-                            float* red /* [kMaxMix + 1][32] */, float* mixes /* [kMaxMix] */) {
-  float dot[kMaxMix];
+// Which stream row a mixing computation reads: row i of h (limited by rows / *rows_dev), or the
+// head's rows (the step's logits tokens, or every step token).
+struct RowSource {
+  std::int64_t rows = 0;
+  const std::int32_t* rows_dev = nullptr;
+  const DeviceStep* step = nullptr;  // head: set
+  bool all_tokens = false;
+};
+
+__device__ __forceinline__ bool source_row(const RowSource& src, std::int64_t i, std::int64_t* row) {
+  if (src.step == nullptr) {
+    *row = i;
+    return row_live(i, src.rows, src.rows_dev);
+  }
+  if (i >= (src.all_tokens ? src.step->n_tokens : src.step->n_logits)) return false;
+  *row = src.all_tokens ? i : static_cast<std::int64_t>(src.step->logits_tokens[i]);
+  return true;
+}
+
+// Partial sums of the mixes (hc_mixes): block (i, split) reduces the elements
+// [split * chunk, (split + 1) * chunk) of row i's flattened streams to kMix dot products with fn
+// and the sum of squares, stored at partials[(i * splits + split) * (kMix + 1)]. Splitting the
+// 16384-long reduction over blocks keeps a decode step's few rows from running on a few SMs.
+template <int kMix>
+__global__ void __launch_bounds__(kThreads) mix_partials_kernel(const std::uint16_t* h, const float* fn, std::int64_t n,
+                                                                RowSource src, int splits, float* partials) {
+  __shared__ float red[(kMix + 1) * 32];
+  const std::int64_t i = blockIdx.x;
+  std::int64_t row = 0;
+  if (!source_row(src, i, &row)) return;
+  const std::int64_t chunk = (n + splits - 1) / splits;
+  const std::int64_t begin = static_cast<std::int64_t>(blockIdx.y) * chunk, end = begin + chunk < n ? begin + chunk : n;
+  const std::uint16_t* hrow = h + row * n;
+  float dot[kMix];
   DSV4_UNROLL
-  for (int m = 0; m < kMaxMix; ++m) dot[m] = 0.0f;
+  for (int m = 0; m < kMix; ++m) dot[m] = 0.0f;
   float sumsq = 0.0f;
-  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const float v = bf16_value(hrow[i]);
+  for (std::int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
+    const float v = bf16_value(hrow[k]);
     sumsq += v * v;
     DSV4_UNROLL
-    for (int m = 0; m < kMaxMix; ++m)
-      if (m < n_mix) dot[m] += v * fn[m * n + i];
+    for (int m = 0; m < kMix; ++m) dot[m] += v * fn[m * n + k];
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   sumsq = warp_sum(sumsq);
   DSV4_UNROLL
-  for (int m = 0; m < kMaxMix; ++m) dot[m] = warp_sum(dot[m]);
+  for (int m = 0; m < kMix; ++m) dot[m] = warp_sum(dot[m]);
   if (lane == 0) {
-    red[kMaxMix * 32 + warp] = sumsq;
-    for (int m = 0; m < n_mix; ++m) red[m * 32 + warp] = dot[m];
+    red[kMix * 32 + warp] = sumsq;
+    DSV4_UNROLL
+    for (int m = 0; m < kMix; ++m) red[m * 32 + warp] = dot[m];
   }
   __syncthreads();
+  if (static_cast<int>(threadIdx.x) <= kMix) {
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) total += red[threadIdx.x * 32 + w];
+    partials[(i * splits + blockIdx.y) * (kMix + 1) + threadIdx.x] = total;
+  }
+}
+
+// The mixes of row i from its partial sums (splits added in order): mixes[m] = dot_m * rsqrt(mean + eps).
+template <int kMix>
+__device__ void finish_mixes(const float* partials, std::int64_t i, int splits, std::int64_t n, float eps, float* mixes) {
   if (threadIdx.x == 0) {
     float total = 0.0f;
-    for (int w = 0; w < warps; ++w) total += red[kMaxMix * 32 + w];
+    for (int sp = 0; sp < splits; ++sp) total += partials[(i * splits + sp) * (kMix + 1) + kMix];
     const float r = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
-    for (int m = 0; m < n_mix; ++m) {
+    for (int m = 0; m < kMix; ++m) {
       float d = 0.0f;
-      for (int w = 0; w < warps; ++w) d += red[m * 32 + w];
+      for (int sp = 0; sp < splits; ++sp) d += partials[(i * splits + sp) * (kMix + 1) + m];
       mixes[m] = d * r;
     }
   }
@@ -81,19 +121,21 @@ __device__ void weighted_sum_norm(const std::uint16_t* hrow, const float* pre, i
   for (std::int64_t k = threadIdx.x; k < dim; k += blockDim.x) store_bf16(xrow + k, norm_w[k] * (ybuf[k] * inv));
 }
 
+template <int kMix>
 __global__ void __launch_bounds__(kThreads) hc_pre_kernel(const std::uint16_t* h, HcWeights w, const float* norm_w,
                                                           HcShape s, std::int64_t rows, std::uint16_t* x, float* post,
-                                                          float* comb, const std::int32_t* rows_dev) {
+                                                          float* comb, const std::int32_t* rows_dev, const float* partials,
+                                                          int splits) {
   DSV4_DYNAMIC_SMEM(float, ybuf);
-  __shared__ float red[(kMaxMix + 1) * 32];
-  __shared__ float mixes[kMaxMix];
+  __shared__ float red[32];
+  __shared__ float mixes[kMix];
   __shared__ float pre[kMaxHc];
   const std::int64_t row = blockIdx.x;
   if (!row_live(row, rows, rows_dev)) return;
-  const int hc = s.hc, n_mix = (2 + hc) * hc;
+  const int hc = s.hc;
   const std::int64_t n = hc * s.dim;
   const std::uint16_t* hrow = h + row * n;
-  block_mixes(hrow, w.fn, n, n_mix, s.norm_eps, red, mixes);
+  finish_mixes<kMix>(partials, row, splits, n, s.norm_eps, mixes);
   if (threadIdx.x == 0) {
     // hc_split_sinkhorn, in the CPU's order of operations.
     const float eps = s.hc_eps;
@@ -133,19 +175,21 @@ __global__ void __launch_bounds__(kThreads) hc_pre_kernel(const std::uint16_t* h
   weighted_sum_norm(hrow, pre, hc, s.dim, norm_w, s.norm_eps, ybuf, red, x + row * s.dim);
 }
 
-__global__ void __launch_bounds__(kThreads) hc_head_kernel(const std::uint16_t* h, const DeviceStep* step, bool all_tokens,
-                                                           HcWeights w, const float* norm_w, HcShape s, std::uint16_t* y) {
+template <int kMix>
+__global__ void __launch_bounds__(kThreads) hc_head_kernel(const std::uint16_t* h, RowSource src, HcWeights w,
+                                                           const float* norm_w, HcShape s, std::uint16_t* y,
+                                                           const float* partials, int splits) {
   DSV4_DYNAMIC_SMEM(float, ybuf);
-  __shared__ float red[(kMaxMix + 1) * 32];
-  __shared__ float mixes[kMaxMix];
+  __shared__ float red[32];
+  __shared__ float mixes[kMix];
   __shared__ float pre[kMaxHc];
   const std::int64_t i = blockIdx.x;
-  if (i >= (all_tokens ? step->n_tokens : step->n_logits)) return;
+  std::int64_t row = 0;
+  if (!source_row(src, i, &row)) return;
   const int hc = s.hc;
   const std::int64_t n = hc * s.dim;
-  const std::int64_t row = all_tokens ? i : static_cast<std::int64_t>(step->logits_tokens[i]);
   const std::uint16_t* hrow = h + row * n;
-  block_mixes(hrow, w.fn, n, hc, s.norm_eps, red, mixes);
+  finish_mixes<kMix>(partials, i, splits, n, s.norm_eps, mixes);
   if (static_cast<int>(threadIdx.x) < hc)
     pre[threadIdx.x] = sigmoid_ref(add_rn(mul_rn(mixes[threadIdx.x], w.scale[0]), w.base[threadIdx.x])) + s.hc_eps;
   __syncthreads();
@@ -222,15 +266,67 @@ void embed_streams(const DeviceStep* step, std::int32_t capacity, const std::uin
          shape.hc, shape.dim);
 }
 
+namespace {
+
+// Blocks per row of the mixes' reduction: enough to cover the machine for few rows.
+int mix_splits(std::int64_t rows, std::int64_t n) {
+  const std::int64_t want = (264 + rows - 1) / rows;
+  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(want, n / 256)));
+}
+
+// hc in 1..4: the mixes of a sub-layer are (2 + hc) * hc, of the head hc.
+template <int kHc>
+void launch_pre(const std::uint16_t* h, const HcWeights& w, const float* norm_w, const HcShape& shape, std::int64_t rows,
+                std::uint16_t* x, float* post, float* comb, const std::int32_t* rows_dev, float* scratch, gpu_stream_t stream) {
+  constexpr int kMix = (2 + kHc) * kHc;
+  const std::int64_t n = kHc * shape.dim;
+  const int splits = mix_splits(rows, n);
+  RowSource src;
+  src.rows = rows;
+  src.rows_dev = rows_dev;
+  launch(mix_partials_kernel<kMix>, dim3(static_cast<unsigned>(rows), static_cast<unsigned>(splits)), dim3(kThreads), 0, stream,
+         h, w.fn, n, src, splits, scratch);
+  static const bool smem_set = (set_max_dynamic_smem(hc_pre_kernel<kMix>, 64 * 1024), true);
+  (void)smem_set;
+  launch(hc_pre_kernel<kMix>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), ybuf_bytes(shape), stream, h, w, norm_w, shape,
+         rows, x, post, comb, rows_dev, static_cast<const float*>(scratch), splits);
+}
+
+template <int kHc>
+void launch_head(const std::uint16_t* h, const DeviceStep* step, bool all_tokens, std::int32_t capacity, const HcWeights& w,
+                 const float* norm_w, const HcShape& shape, std::uint16_t* y, float* scratch, gpu_stream_t stream) {
+  const std::int64_t n = kHc * shape.dim;
+  const int splits = mix_splits(capacity, n);
+  RowSource src;
+  src.step = step;
+  src.all_tokens = all_tokens;
+  launch(mix_partials_kernel<kHc>, dim3(static_cast<unsigned>(capacity), static_cast<unsigned>(splits)), dim3(kThreads), 0,
+         stream, h, w.fn, n, src, splits, scratch);
+  static const bool smem_set = (set_max_dynamic_smem(hc_head_kernel<kHc>, 64 * 1024), true);
+  (void)smem_set;
+  launch(hc_head_kernel<kHc>, dim3(static_cast<unsigned>(capacity)), dim3(kThreads), ybuf_bytes(shape), stream, h, src, w,
+         norm_w, shape, y, static_cast<const float*>(scratch), splits);
+}
+
+}  // namespace
+
+std::int64_t hc_scratch_floats(std::int64_t rows, const HcShape& shape) {
+  const std::int64_t n_mix = (2 + shape.hc) * shape.hc;
+  return std::max<std::int64_t>(rows, 1) * mix_splits(std::max<std::int64_t>(rows, 1), shape.hc * shape.dim) * (n_mix + 1) +
+         (n_mix + 1) * 512;  // any rows <= `rows` need at most this
+}
+
 void hc_pre(const std::uint16_t* h, const HcWeights& w, const float* norm_w, const HcShape& shape, std::int64_t rows,
-            std::uint16_t* x, float* post, float* comb, const std::int32_t* rows_dev, gpu_stream_t stream) {
+            std::uint16_t* x, float* post, float* comb, const std::int32_t* rows_dev, float* scratch, gpu_stream_t stream) {
   check_shape(shape);
   if (rows <= 0) return;
-  static const bool smem_set = (set_max_dynamic_smem(hc_pre_kernel, 64 * 1024), true);
-  (void)smem_set;
   if (ybuf_bytes(shape) > 64 * 1024) launch_error("hc_pre: hidden size {} is too large for one block", {shape.dim});
-  launch(hc_pre_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), ybuf_bytes(shape), stream, h, w, norm_w, shape,
-         rows, x, post, comb, rows_dev);
+  switch (shape.hc) {
+    case 1: return launch_pre<1>(h, w, norm_w, shape, rows, x, post, comb, rows_dev, scratch, stream);
+    case 2: return launch_pre<2>(h, w, norm_w, shape, rows, x, post, comb, rows_dev, scratch, stream);
+    case 3: return launch_pre<3>(h, w, norm_w, shape, rows, x, post, comb, rows_dev, scratch, stream);
+    default: return launch_pre<4>(h, w, norm_w, shape, rows, x, post, comb, rows_dev, scratch, stream);
+  }
 }
 
 void hc_post(const std::uint16_t* out, const std::uint16_t* h, const float* post, const float* comb,
@@ -243,13 +339,15 @@ void hc_post(const std::uint16_t* out, const std::uint16_t* h, const float* post
 }
 
 void hc_head(const std::uint16_t* h, const DeviceStep* step, bool all_tokens, std::int32_t capacity, const HcWeights& w,
-             const float* norm_w, const HcShape& shape, std::uint16_t* y, gpu_stream_t stream) {
+             const float* norm_w, const HcShape& shape, std::uint16_t* y, float* scratch, gpu_stream_t stream) {
   check_shape(shape);
   if (capacity <= 0) return;
-  static const bool smem_set = (set_max_dynamic_smem(hc_head_kernel, 64 * 1024), true);
-  (void)smem_set;
-  launch(hc_head_kernel, dim3(static_cast<unsigned>(capacity)), dim3(kThreads), ybuf_bytes(shape), stream, h, step, all_tokens, w,
-         norm_w, shape, y);
+  switch (shape.hc) {
+    case 1: return launch_head<1>(h, step, all_tokens, capacity, w, norm_w, shape, y, scratch, stream);
+    case 2: return launch_head<2>(h, step, all_tokens, capacity, w, norm_w, shape, y, scratch, stream);
+    case 3: return launch_head<3>(h, step, all_tokens, capacity, w, norm_w, shape, y, scratch, stream);
+    default: return launch_head<4>(h, step, all_tokens, capacity, w, norm_w, shape, y, scratch, stream);
+  }
 }
 
 void rms_norm_rows(const std::uint16_t* x, const float* w, std::int64_t rows, std::int64_t dim, float eps,

@@ -32,10 +32,15 @@ struct HcShape {
 void embed_streams(const DeviceStep* step, std::int32_t capacity, const std::uint16_t* embed, std::uint16_t* h,
                    const HcShape& shape, gpu_stream_t stream);
 
+// Scratch floats hc_pre and hc_head need for up to `rows` rows: the mixes' dot products are
+// reduced in two passes (partial sums from several blocks per row, then each row's block), so a
+// decode step's few rows spread over the GPU.
+std::int64_t hc_scratch_floats(std::int64_t rows, const HcShape& shape);
+
 // Sub-layer input: x[r] = bf16(norm_w * rmsnorm(bf16(sum_i pre_i h[r][i]))) with pre / post /
 // comb from the mixes and Sinkhorn; post [rows][hc], comb [rows][hc * hc] for hc_post.
 void hc_pre(const std::uint16_t* h, const HcWeights& w, const float* norm_w, const HcShape& shape, std::int64_t rows,
-            std::uint16_t* x, float* post, float* comb, const std::int32_t* rows_dev, gpu_stream_t stream);
+            std::uint16_t* x, float* post, float* comb, const std::int32_t* rows_dev, float* scratch, gpu_stream_t stream);
 
 // h_new[r][j] = bf16(post[r][j] * out[r] + sum_i comb[r][i][j] * h[r][i]).
 void hc_post(const std::uint16_t* out, const std::uint16_t* h, const float* post, const float* comb,
@@ -46,7 +51,7 @@ void hc_post(const std::uint16_t* out, const std::uint16_t* h, const float* post
 // y[i] = bf16(norm_w * rmsnorm(bf16(sum_j pre_j h[row_i][j]))), pre_j = sigmoid(mixes_j * scale +
 // base_j) + hc_eps. `capacity` bounds the grid.
 void hc_head(const std::uint16_t* h, const DeviceStep* step, bool all_tokens, std::int32_t capacity, const HcWeights& w,
-             const float* norm_w, const HcShape& shape, std::uint16_t* y, gpu_stream_t stream);
+             const float* norm_w, const HcShape& shape, std::uint16_t* y, float* scratch, gpu_stream_t stream);
 
 // y[r] = bf16(w * x[r] / sqrt(mean(x[r]^2) + eps)) for bf16 rows of `dim` (x and y may alias).
 void rms_norm_rows(const std::uint16_t* x, const float* w, std::int64_t rows, std::int64_t dim, float eps,
