@@ -21,6 +21,7 @@
 #include "common/error.h"
 #include "cuda/cuda_executor.h"
 #include "cuda/runtime.h"
+#include "gpu_bench_util.h"
 #include "executor/step_plan.h"
 #include "kvcache/kv_cache_manager.h"
 #include "kvcache/memory_plan.h"
@@ -31,40 +32,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<std::int64_t> parse_list(const std::string& text) {
-  std::vector<std::int64_t> v;
-  std::size_t pos = 0;
-  while (pos < text.size()) {
-    std::size_t comma = text.find(',', pos);
-    if (comma == std::string::npos) comma = text.size();
-    v.push_back(std::atoll(text.substr(pos, comma - pos).c_str()));
-    pos = comma + 1;
-  }
-  return v;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// HBM bandwidth: a 4 GiB device-to-device copy, bytes read + written over the median time.
-double measure_bandwidth() {
-  const std::size_t bytes = std::size_t{4} << 30;
-  gpu::DeviceBuffer a(bytes), b(bytes);
-  gpu::Stream stream;
-  gpu::fill_bytes(a.data(), 0x5a, bytes, stream);
-  gpu::Event start, stop;
-  std::vector<double> ms;
-  for (int i = 0; i < 12; ++i) {
-    start.record(stream);
-    gpu::copy_on_device(b.data(), a.data(), bytes, stream);
-    stop.record(stream);
-    stop.synchronize();
-    if (i >= 2) ms.push_back(gpu::Event::elapsed_ms(start, stop));
-  }
-  return 2.0 * static_cast<double>(bytes) / (median(ms) * 1e-3);
-}
+using bench::median;
+using bench::parse_list;
 
 std::int64_t fp8_bytes(std::int64_t out, std::int64_t in) { return out * in + ((out + 127) / 128) * ((in + 127) / 128) * 4; }
 
@@ -163,7 +132,7 @@ int run(int argc, char** argv) {
   c.num_nextn_predict_layers = 0;
   c.compress_ratios.resize(static_cast<std::size_t>(layers));
   const gpu::DeviceInfo dev = gpu::device_info();
-  const double bw = measure_bandwidth();
+  const double bw = bench::measure_hbm_bandwidth();
   fmt::print("device: {} ({} SMs, {:.1f} GB)\nHBM bandwidth (4 GiB copy, read + write): {:.2f} TB/s\n", dev.name, dev.sm_count,
              dev.total_bytes / 1e9, bw / 1e12);
   fmt::print("model: V4-{} shapes, {} layers (ratios", preset, layers);

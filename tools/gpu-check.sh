@@ -6,8 +6,9 @@
 #                                       that a CUDA machine may lack into DIR (bin/, lib/); no run
 #   tools/gpu-check.sh --prebuilt DIR   run the programs of a bundle (a GPU machine without the
 #                                       Debian packages: build elsewhere, carry DIR over)
-# Options: --quick (small benchmark), --no-bench, --no-sanitizer, --logs DIR (default: $OUT, else
-# build-gpu/gpu-check). Building needs tools/install-deps.sh's packages and the CUDA toolkit (nvcc).
+# Options: --quick (small benchmarks), --no-bench, --no-sanitizer, --only NAME,NAME (run just those
+# checks, e.g. gpu_ops,bench_gemm: a run under a time limit per command), --logs DIR (default:
+# $OUT, else build-gpu/gpu-check). Building needs tools/install-deps.sh's packages and the CUDA toolkit (nvcc).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,7 @@ bundle=""
 quick=0
 bench=1
 sanitizer=1
+only=""
 logs="${OUT:-}"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -24,17 +26,18 @@ while [ $# -gt 0 ]; do
     --quick) quick=1 ;;
     --no-bench) bench=0 ;;
     --no-sanitizer) sanitizer=0 ;;
+    --only) only=",$2,"; shift ;;
     --logs) logs="$2"; shift ;;
     *) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
   esac
   shift
 done
 
-programs=(test_device_language test_gpu_ops test_gpu_model bench_gpu_model dsv4)
+programs=(test_device_language test_gpu_ops test_gpu_model bench_gpu_model bench_gpu_gemm dsv4)
 
 if [ "$mode" != prebuilt ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DDSV4_WERROR="${DSV4_WERROR:-OFF}" >/dev/null || exit 1
-  cmake --build build-gpu -j"$(nproc)" --target test_device_language test_gpu_ops test_gpu_model bench_gpu_model dsv4 || exit 1
+  cmake --build build-gpu -j"$(nproc)" --target "${programs[@]}" || exit 1
   bin=build-gpu
   find_program() { find build-gpu -type f -name "$1" -perm -u+x | head -n 1; }
   if [ "$mode" = bundle ]; then
@@ -62,6 +65,7 @@ results=()
 check() {
   local name="$1" limit="$2"
   shift 2
+  if [ -n "$only" ] && [[ "$only" != *",$name,"* ]]; then return 0; fi
   local start=$SECONDS status
   timeout "$limit" "$@" >"$logs/$name.log" 2>&1
   status=$?
@@ -79,14 +83,22 @@ check gpu_ops 600 "$(find_program test_gpu_ops)"
 check gpu_model 600 "$(find_program test_gpu_model)"
 
 if [ $sanitizer = 1 ] && command -v compute-sanitizer >/dev/null; then
-  # memcheck and racecheck on the op tests (smaller cases) and on the tiny model's forward.
-  check memcheck_ops 600 compute-sanitizer --tool memcheck --error-exitcode 1 "$(find_program test_gpu_ops)" --gtest_brief=1
-  check racecheck_ops 600 compute-sanitizer --tool racecheck --error-exitcode 1 "$(find_program test_gpu_ops)" --gtest_brief=1
+  # memcheck and racecheck on the op tests (the simulator's smaller sizes) and on the tiny model's
+  # forward.
+  check memcheck_ops 600 env DSV4_GPU_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    "$(find_program test_gpu_ops)" --gtest_brief=1
+  check racecheck_ops 600 env DSV4_GPU_TEST_SMALL=1 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    "$(find_program test_gpu_ops)" --gtest_brief=1
   check memcheck_model 600 compute-sanitizer --tool memcheck --error-exitcode 1 "$(find_program test_gpu_model)" \
     --gtest_filter='*CacheBytes*' --gtest_brief=1
 fi
 
 if [ $bench = 1 ]; then
+  if [ $quick = 1 ]; then
+    check bench_gemm 300 "$(find_program bench_gpu_gemm)" --rows 1,8,32,4096 --reps 10
+  else
+    check bench_gemm 600 "$(find_program bench_gpu_gemm)"
+  fi
   if [ $quick = 1 ]; then
     check bench_model 600 "$(find_program bench_gpu_model)" --layers 4 --batches 1,32 --contexts 4096 --steps 10 --prefill 8192
   else
@@ -132,3 +144,4 @@ echo "|------------------------------------|-----------|-------|"
 printf '%s\n' "${results[@]}"
 grep -h '^\[gpu-vs-cpu\]' "$logs/gpu_model.log" 2>/dev/null | head -n 12
 grep -h '^| decode\|^prefill' "$logs/bench_model.log" 2>/dev/null
+grep -h '^| .* | 1 | few-rows\|^| .* | 4096 | tiles\|^HBM\|^mma' "$logs/bench_gemm.log" 2>/dev/null

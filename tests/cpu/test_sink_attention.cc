@@ -11,6 +11,7 @@
 #include "common/thread_pool.h"
 #include "cpu/sink_attention.h"
 #include "cpu_test_util.h"
+#include "numerics/exp_float.h"
 
 namespace dsv4 {
 namespace {
@@ -134,6 +135,37 @@ TEST(SinkAttention, KeyListFormsThreadsDuplicatesAndEmpty) {
   EXPECT_THROW(sink_attention(q, heads, d, kv, std::vector<float>(2), scale, a), std::invalid_argument);
   EXPECT_THROW(sink_attention(q, heads, d, std::span<const float>(kv).first(10), sink, scale, a),
                std::invalid_argument);
+}
+
+TEST(SinkAttention, RunningMaximumOverBlocksOf64Keys) {
+  // 130 keys (blocks of 64, 64, 2), scale 1, q = e0. Key 0 scores x < 0 (its block's maximum),
+  // key 129 scores 0 (the overall maximum, in the last, partial block), every other key -1000
+  // (exp underflows to 0). Key 0 was weighted bf16(exp(x - x)) = 1 in its block and then scaled
+  // by the fp32 correction exp(x - 0) when key 129 raised the maximum -- so channel 7 (1 in key 0
+  // only) is bf16(e / (e + 1 + exp(sink))) with the UNROUNDED fp32 e = exp(x), where one softmax
+  // over the global maximum would give bf16(bf16(e) / ...). Pick x where the two differ.
+  const std::int64_t d = 8, n_keys = 130;
+  const float sink = 0.5f;
+  float x = 0.0f, e = 0.0f, den = 0.0f;
+  for (int k = 1; k < 400; ++k) {
+    x = round_to_bf16(-0.0113f * static_cast<float>(k));
+    e = exp_float(x);
+    den = (e + 1.0f) + exp_float(sink);
+    if (round_to_bf16(e / den) != round_to_bf16(round_to_bf16(e) / den)) break;
+  }
+  ASSERT_NE(round_to_bf16(e / den), round_to_bf16(round_to_bf16(e) / den));
+  std::vector<float> q(d, 0.0f), kv(static_cast<std::size_t>(n_keys * d), 0.0f);
+  q[0] = 1.0f;
+  for (std::int64_t i = 0; i < n_keys; ++i) kv[static_cast<std::size_t>(i * d)] = -1000.0f;
+  kv[0] = x;
+  kv[7] = 1.0f;
+  kv[static_cast<std::size_t>(129 * d)] = 0.0f;
+  kv[static_cast<std::size_t>(129 * d + 6)] = 1.0f;
+  std::vector<float> o(d);
+  sink_attention(q, 1, d, kv, std::vector<float>{sink}, 1.0f, o);
+  EXPECT_EQ(o[7], round_to_bf16(e / den));
+  EXPECT_EQ(o[6], round_to_bf16(1.0f / den));
+  EXPECT_EQ(o[0], round_to_bf16(e * x / den));
 }
 
 }  // namespace

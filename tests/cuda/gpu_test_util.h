@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <random>
@@ -35,6 +36,16 @@ ThreadPool* cpu_pool();
 inline gpu_stream_t st() { return stream().handle(); }
 inline void sync() { stream().synchronize(); }
 inline bool sim() { return gpu::simulated(); }
+// The simulator's smaller sizes: in the simulator, or on a GPU with DSV4_GPU_TEST_SMALL=1 set (the
+// sanitizer runs of tools/gpu-check.sh). Tolerances still follow sim(): only the simulator sums
+// in exact k order.
+inline bool small() {
+  static const bool env = [] {
+    const char* v = std::getenv("DSV4_GPU_TEST_SMALL");
+    return v != nullptr && v[0] != '\0' && v[0] != '0';
+  }();
+  return sim() || env;
+}
 
 // A typed device array. New arrays (and poison()) are filled with 0xFF bytes: NaN as fp32 or
 // bf16, -1 as int32, the e4m3 NaN code as fp8 -- so an output the kernel fails to write fails.

@@ -36,7 +36,7 @@ using gpu::WeightFormat;
 const std::vector<std::int64_t> kRows = {1, 2, 7, 8, 9, 16, 17, 127, 128, 129, 130};
 
 const char* fmt_name(WeightFormat f) { return f == WeightFormat::kFp8 ? "fp8" : f == WeightFormat::kFp4 ? "fp4" : "bf16"; }
-const char* path_name(GemmPath p) { return p == GemmPath::kCudaCores ? "cuda-cores" : p == GemmPath::kTensorCores ? "tensor-cores" : "auto"; }
+const char* path_name(GemmPath p) { return p == GemmPath::kFewRows ? "few-rows" : p == GemmPath::kTiles ? "tiles" : "auto"; }
 
 // Quantizes one row the way linear() feeds an fp8 / fp4 GEMM: blocks of 128, the last shorter.
 void quantize_row_ref(std::span<const float> x, std::vector<std::uint8_t>& codes, std::vector<float>& scales) {
@@ -73,7 +73,7 @@ double order_bound(std::int64_t k) { return sim() ? static_cast<double>(k) * 0x1
 // quantize_activations
 // =================================================================================================
 TEST(GpuOps, QuantizeActivations) {
-  const std::vector<std::int64_t> ks = sim() ? std::vector<std::int64_t>{32, 96, 128, 256, 416}
+  const std::vector<std::int64_t> ks = small() ? std::vector<std::int64_t>{32, 96, 128, 256, 416}
                                              : std::vector<std::int64_t>{32, 96, 128, 256, 416, 4096, 7168};
   for (std::int64_t k : ks) {
     std::int64_t all_codes = 0, all_code_diff = 0, all_scales = 0, all_scale_diff = 0;
@@ -135,7 +135,7 @@ struct GemmShape {
 };
 
 TEST(GpuOps, GemmQuantized) {
-  const std::vector<GemmShape> shapes = sim() ? std::vector<GemmShape>{{160, 256}, {64, 96}, {136, 416}, {48, 32}, {128, 128}}
+  const std::vector<GemmShape> shapes = small() ? std::vector<GemmShape>{{160, 256}, {64, 96}, {136, 416}, {48, 32}, {128, 128}}
                                               : std::vector<GemmShape>{{160, 256}, {64, 96}, {136, 416}, {48, 32}, {128, 128}, {1056, 2176}, {4160, 1024}};
   for (WeightFormat f : {WeightFormat::kFp8, WeightFormat::kFp4}) {
     for (const GemmShape& sh : shapes) {
@@ -170,7 +170,7 @@ TEST(GpuOps, GemmQuantized) {
         DevArray<float> scales(static_cast<std::size_t>(rows * ((sh.k + 127) / 128)));
         gpu::quantize_activations(dx.get(), sh.k, rows, sh.k, codes.get(), scales.get(), nullptr, st());
         const gpu::QuantizedRows qa{codes.get(), scales.get(), sh.k};
-        for (GemmPath path : {GemmPath::kCudaCores, GemmPath::kTensorCores}) {
+        for (GemmPath path : {GemmPath::kFewRows, GemmPath::kTiles}) {
           // bf16 output with a padded row stride (the padding must stay poisoned)
           const std::int64_t ld = sh.n + 8;
           DevArray<std::uint16_t> out(static_cast<std::size_t>(rows * ld));
@@ -196,7 +196,7 @@ TEST(GpuOps, GemmQuantized) {
         }
         if (rows == 9 || rows == 130) {
           // fp32 output against the exact (double) sum.
-          for (GemmPath path : {GemmPath::kCudaCores, GemmPath::kTensorCores}) {
+          for (GemmPath path : {GemmPath::kFewRows, GemmPath::kTiles}) {
             DevArray<float> out(static_cast<std::size_t>(rows * sh.n));
             gpu::gemm_quantized(qa, rows, gw.w, gpu::GemmOutput{out.get(), sh.n, true}, nullptr, st(), path);
             const auto got = out.download();
@@ -217,21 +217,33 @@ TEST(GpuOps, GemmQuantized) {
   }
 }
 
-// The CUDA-core kernel's variants by output width (1, 2 or 4 weight rows per warp: n below 4224,
-// from 4224, from 16896) and narrow outputs (n < 8), against cpu linear.
-TEST(GpuOps, GemmSmallRowsWidths) {
-  const std::vector<GemmShape> shapes = {{4, 64}, {24, 32}, {4232, 64}, {16904, 32}};
+// The few-rows kernel's block shapes by output width (warps along n x warps along k, for one row
+// tile: 1 x 8 up to 8416 weight rows, 2 x 4 from 8417, 4 x 2 from 16833, 8 x 1 from 33665), output
+// widths that are not a multiple of 16 (a warp's last rows past the end), k split unevenly over
+// warps and k tails within a 128-wide unit, against cpu linear.
+TEST(GpuOps, GemmFewRowsShapes) {
+  struct Case {
+    GemmShape shape;
+    const char* what;
+  };
+  const std::vector<Case> cases = {{{4, 64}, "n < 16"},
+                                   {{24, 1184}, "k 9.25 units over 8 warps"},
+                                   {{40, 96}, "k tail in the first unit"},
+                                   {{4232, 64}, "1 x 8 warps"},
+                                   {{8456, 160}, "2 x 4 warps"},
+                                   {{16904, 32}, "4 x 2 warps"},
+                                   {{33800, 32}, "8 x 1 warps"}};
   for (WeightFormat f : {WeightFormat::kFp8, WeightFormat::kFp4}) {
-    for (const GemmShape& sh : shapes) {
+    for (const Case& c : cases) {
+      const GemmShape& sh = c.shape;
       std::mt19937_64 rng(seed_of({13, static_cast<std::int64_t>(f), sh.n, sh.k}));
       const TestWeight tw = make_weight(f, sh.n, sh.k, 0.05f, rng);
       const DenseWeight dw = tw.dense();
       DevWeight gw = upload_weight(tw);
       Sweep sweep;
-      const std::vector<std::int64_t> rows_list = sh.n > 16000 ? std::vector<std::int64_t>{1}
-                                                  : sh.n > 1000  ? std::vector<std::int64_t>{9}
-                                                                 : std::vector<std::int64_t>{1, 9, 17};
-      for (std::int64_t rows : sim() ? rows_list : std::vector<std::int64_t>{1, 9, 17}) {
+      // One row tile (rows <= 8) keeps the block shapes above; 9 and 17 rows take two and three.
+      const std::vector<std::int64_t> rows_list = small() && sh.n > 1000 ? std::vector<std::int64_t>{1} : std::vector<std::int64_t>{1, 8, 9, 17};
+      for (std::int64_t rows : rows_list) {
         std::vector<float> x = bf16_activations(static_cast<std::size_t>(rows * sh.k), 1.0f, rng);
         std::vector<float> ref(static_cast<std::size_t>(rows * sh.n));
         linear(x, rows, dw, ref, cpu_pool());
@@ -241,15 +253,14 @@ TEST(GpuOps, GemmSmallRowsWidths) {
         gpu::quantize_activations(dx.get(), sh.k, rows, sh.k, codes.get(), scales.get(), nullptr, st());
         DevArray<std::uint16_t> out(static_cast<std::size_t>(rows * sh.n));
         gpu::gemm_quantized(gpu::QuantizedRows{codes.get(), scales.get(), sh.k}, rows, gw.w, gpu::GemmOutput{out.get(), sh.n, false}, nullptr, st(),
-                            GemmPath::kCudaCores);
+                            GemmPath::kFewRows);
         const ErrStats s = compare(from_bf16(out.download()), ref);
-        const std::string shape = fmt::format("{} cuda-cores rows {} n {} k {}", fmt_name(f), rows, sh.n, sh.k);
+        const std::string shape = fmt::format("{} few-rows rows {} n {} k {}", fmt_name(f), rows, sh.n, sh.k);
         EXPECT_EQ(s.nonfinite, 0) << shape;
         EXPECT_LT(s.rel_l2(), 1e-2) << shape;
-        sweep.add("gemm_quantized", fmt::format("{} cuda-cores n {} k {}", fmt_name(f), sh.n, sh.k), s,
-                  sh.n >= 16896 ? "4 weight rows a warp" : sh.n >= 4224 ? "2 weight rows a warp" : "1 weight row a warp");
+        sweep.add("gemm_quantized", fmt::format("{} few-rows n {} k {}", fmt_name(f), sh.n, sh.k), s, c.what);
       }
-      sweep.flush(fmt::format("rows {}", sim() ? (sh.n > 16000 ? "1" : sh.n > 1000 ? "9" : "1,9,17") : "1,9,17"));
+      sweep.flush(small() && sh.n > 1000 ? "rows 1" : "rows 1,8,9,17");
     }
   }
 }
@@ -263,7 +274,7 @@ TEST(GpuOps, GemmRowsDevLimit) {
   std::vector<float> x = bf16_activations(static_cast<std::size_t>(rows * k), 1.0f, rng);
   DevArray<std::uint16_t> dx(to_bf16(x));
   DevArray<std::int32_t> rows_dev(std::vector<std::int32_t>{static_cast<std::int32_t>(live)});
-  for (GemmPath path : {GemmPath::kCudaCores, GemmPath::kTensorCores}) {
+  for (GemmPath path : {GemmPath::kFewRows, GemmPath::kTiles}) {
     DevArray<std::uint8_t> codes(static_cast<std::size_t>(rows * k));
     DevArray<float> scales(static_cast<std::size_t>(rows));
     gpu::quantize_activations(dx.get(), k, rows, k, codes.get(), scales.get(), rows_dev.get(), st());
@@ -291,7 +302,7 @@ TEST(GpuOps, GemmRowsDevLimit) {
 // gemm_bf16: bf16 weights (fp32 and bf16 outputs), fp8 weights grouped (wo_a)
 // =================================================================================================
 TEST(GpuOps, GemmBf16) {
-  const std::vector<GemmShape> shapes = sim() ? std::vector<GemmShape>{{160, 256}, {40, 96}, {24, 32}}
+  const std::vector<GemmShape> shapes = small() ? std::vector<GemmShape>{{160, 256}, {40, 96}, {24, 32}}
                                               : std::vector<GemmShape>{{160, 256}, {40, 96}, {24, 32}, {4096, 1024}, {1056, 4096}};
   for (const GemmShape& sh : shapes) {
     std::mt19937_64 rng(seed_of({4, sh.n, sh.k}));
@@ -315,7 +326,7 @@ TEST(GpuOps, GemmBf16) {
         }
       });
       DevArray<std::uint16_t> dx(to_bf16(xa));
-      for (GemmPath path : {GemmPath::kCudaCores, GemmPath::kTensorCores}) {
+      for (GemmPath path : {GemmPath::kFewRows, GemmPath::kTiles}) {
         for (bool f32 : {true, false}) {
           std::vector<float> got(ref32.size());
           if (f32) {
@@ -362,7 +373,7 @@ TEST(GpuOps, GemmBf16StridedF32) {
       std::copy_n(rb.begin() + r * n, n, ref.begin() + r * 2 * n + n);
     }
     DevArray<std::uint16_t> dx(to_bf16(x));
-    for (GemmPath path : {GemmPath::kCudaCores, GemmPath::kTensorCores}) {
+    for (GemmPath path : {GemmPath::kFewRows, GemmPath::kTiles}) {
       DevArray<float> out(ref.size());
       gpu::gemm_bf16(dx.get(), k, rows, ga.w, 1, gpu::GemmOutput{out.get(), 2 * n, true}, nullptr, st(), path);
       gpu::gemm_bf16(dx.get(), k, rows, gb.w, 1, gpu::GemmOutput{out.get() + n, 2 * n, true}, nullptr, st(), path);
@@ -382,7 +393,7 @@ TEST(GpuOps, GemmGroupedFp8) {
     int groups;
     std::int64_t o, k;
   };
-  const std::vector<G> cases = sim() ? std::vector<G>{{2, 64, 512}, {8, 32, 256}} : std::vector<G>{{2, 64, 512}, {8, 32, 256}, {8, 1024, 512}, {16, 1024, 256}};
+  const std::vector<G> cases = small() ? std::vector<G>{{2, 64, 512}, {8, 32, 256}} : std::vector<G>{{2, 64, 512}, {8, 32, 256}, {8, 1024, 512}, {16, 1024, 256}};
   for (const G& c : cases) {
     const std::int64_t n = c.groups * c.o, in = c.groups * c.k;
     std::mt19937_64 rng(seed_of({5, c.groups, c.o, c.k}));
@@ -405,7 +416,7 @@ TEST(GpuOps, GemmGroupedFp8) {
         }
       });
       DevArray<std::uint16_t> dx(to_bf16(x));
-      for (GemmPath path : {GemmPath::kCudaCores, GemmPath::kTensorCores}) {
+      for (GemmPath path : {GemmPath::kFewRows, GemmPath::kTiles}) {
         DevArray<std::uint16_t> out(ref.size());
         gpu::gemm_bf16(dx.get(), in, rows, gw.w, c.groups, gpu::GemmOutput{out.get(), n, false}, nullptr, st(), path);
         const std::vector<float> got = from_bf16(out.download());
@@ -425,7 +436,7 @@ TEST(GpuOps, GemmGroupedFp8) {
 
 // gemm_quantized_experts with a hand-built tile map (tile_m 8 and 128).
 TEST(GpuOps, GemmQuantizedExperts) {
-  const std::int64_t E = 4, n = sim() ? 96 : 1024, k = sim() ? 256 : 2048, tokens = 40;
+  const std::int64_t E = 4, n = small() ? 96 : 1024, k = small() ? 256 : 2048, tokens = 40;
   const std::vector<std::int64_t> counts = {9, 0, 130, 1};  // rows per expert
   for (WeightFormat f : {WeightFormat::kFp4, WeightFormat::kFp8}) {
     std::mt19937_64 rng(seed_of({6, static_cast<std::int64_t>(f)}));
@@ -506,7 +517,7 @@ HcInputs hc_inputs(std::int64_t hc, std::int64_t dim, std::int64_t n_mix, std::i
 }
 
 TEST(GpuOps, RmsNormRows) {
-  const std::vector<std::int64_t> dims = sim() ? std::vector<std::int64_t>{128, 256, 1536} : std::vector<std::int64_t>{128, 256, 1536, 4096, 7168};
+  const std::vector<std::int64_t> dims = small() ? std::vector<std::int64_t>{128, 256, 1536} : std::vector<std::int64_t>{128, 256, 1536, 4096, 7168};
   for (std::int64_t dim : dims) {
     Sweep sweep;
     for (std::int64_t rows : {std::int64_t{1}, std::int64_t{9}, std::int64_t{130}}) {
@@ -539,10 +550,10 @@ TEST(GpuOps, RmsNormRows) {
 
 TEST(GpuOps, HcPreAndPost) {
   const int hc = 4;
-  const std::vector<std::int64_t> dims = sim() ? std::vector<std::int64_t>{256} : std::vector<std::int64_t>{256, 4096, 7168};
+  const std::vector<std::int64_t> dims = small() ? std::vector<std::int64_t>{256} : std::vector<std::int64_t>{256, 4096, 7168};
   for (std::int64_t dim : dims) {
     Sweep sweep;
-    for (std::int64_t rows : sim() ? std::vector<std::int64_t>{1, 2, 9, 17} : std::vector<std::int64_t>{1, 2, 9, 17, 130}) {
+    for (std::int64_t rows : small() ? std::vector<std::int64_t>{1, 2, 9, 17} : std::vector<std::int64_t>{1, 2, 9, 17, 130}) {
       std::mt19937_64 rng(seed_of({8, dim, rows}));
       const std::int64_t n_mix = (2 + hc) * hc;
       const HcInputs in = hc_inputs(hc, dim, n_mix, 3, rng);
@@ -596,13 +607,13 @@ TEST(GpuOps, HcPreAndPost) {
       EXPECT_EQ(sn.differing, 0) << sh;
       sweep.add("hc_post", key, sn, "exact: same fp32 ops, same order");
     }
-    sweep.flush(sim() ? "rows 1,2,9,17" : "rows 1,2,9,17,130");
+    sweep.flush(small() ? "rows 1,2,9,17" : "rows 1,2,9,17,130");
   }
 }
 
 TEST(GpuOps, HcHeadEmbedMtp) {
   const int hc = 4;
-  const std::int64_t dim = sim() ? 256 : 4096, vocab = 1000, T = 13;
+  const std::int64_t dim = small() ? 256 : 4096, vocab = 1000, T = 13;
   std::mt19937_64 rng(seed_of({9, dim}));
   const HcInputs in = hc_inputs(hc, dim, hc, 1, rng);
   std::vector<float> h = bf16_activations(static_cast<std::size_t>(T * hc * dim), 1.0f, rng);
@@ -916,7 +927,7 @@ TEST(GpuOps, MoeRouteAndPermute) {
 }
 
 TEST(GpuOps, SwigluQuantize) {
-  for (std::int64_t inter : sim() ? std::vector<std::int64_t>{96, 128, 384} : std::vector<std::int64_t>{96, 128, 384, 2048, 3072}) {
+  for (std::int64_t inter : small() ? std::vector<std::int64_t>{96, 128, 384} : std::vector<std::int64_t>{96, 128, 384, 2048, 3072}) {
     for (bool weighted : {true, false}) {
       ErrStats all;
       std::int64_t all_codes = 0, all_code_diff = 0, all_step = 0, all_scale_diff = 0;
@@ -978,7 +989,7 @@ TEST(GpuOps, MoeLayer) {
   struct L {
     std::int64_t D, E, K, I;
   };
-  const std::vector<L> layers = sim() ? std::vector<L>{{256, 8, 2, 128}} : std::vector<L>{{256, 8, 2, 128}, {1024, 32, 6, 512}};
+  const std::vector<L> layers = small() ? std::vector<L>{{256, 8, 2, 128}} : std::vector<L>{{256, 8, 2, 128}, {1024, 32, 6, 512}};
   for (const L& l : layers) {
     std::mt19937_64 rng(seed_of({12, l.D, l.E}));
     std::vector<TestWeight> w1, w2, w3, w13;
@@ -1012,7 +1023,7 @@ TEST(GpuOps, MoeLayer) {
     const float limit = 10.0f, scale = 1.5f;
 
     for (bool hash : {false, true}) {
-      for (std::int64_t T : sim() ? std::vector<std::int64_t>{1, 7, 70} : std::vector<std::int64_t>{1, 7, 70, 300}) {
+      for (std::int64_t T : small() ? std::vector<std::int64_t>{1, 7, 70} : std::vector<std::int64_t>{1, 7, 70, 300}) {
         const RouteCase rc{l.E, l.K, hash};
         const RouteInputs in = route_inputs(T, rc, 300, rng);
         std::vector<float> x = bf16_activations(static_cast<std::size_t>(T * l.D), 1.0f, rng);

@@ -1,9 +1,11 @@
-// Matrix-product kernels (gemm.h): activation quantization, a CUDA-core kernel for few
-// rows, and tensor-core tile kernels (mma.sync e4m3 for fp8/fp4 weights, mma.sync bf16 for
-// bf16 activations). CPU twin: cpu/linear.cc.
+// Matrix-product kernels (gemm.h): activation quantization, a tensor-core kernel for few rows
+// (the weight on the mma's A side, straight from global memory), and tensor-core tile kernels
+// (mma.sync e4m3 for fp8/fp4 weights, mma.sync bf16 for bf16 activations). CPU twin: cpu/linear.cc.
 #include "cuda/kernels/gemm.h"
 
 #include <algorithm>
+#include <cstdint>
+#include <type_traits>
 
 #include "cuda/kernels/launch_check.h"
 #include "cuda/device.h"
@@ -88,10 +90,18 @@ __device__ __forceinline__ void store_out(const GemmOutput& out, std::int64_t ro
   }
 }
 
-// ---- CUDA-core kernel for few rows --------------------------------------------------------------
-// Each warp owns kRowsPerWarp weight rows; lane l takes k-chunks l, l + 32, ... of KC values (16
-// fp8 codes, 32 fp4 values or 16 bf16 values: 16 or 32 bytes, one weight-scale block), and
-// multiplies them with the same chunk of every activation row of the tile.
+// ---- tensor-core kernel for few rows --------------------------------------------------------------
+// A decode step multiplies a handful of activation rows with a whole weight matrix: the product is
+// bound by reading the weight once. This kernel puts the weight on the 16-row A side of the mma
+// and up to 8 activation rows on its 8-column B side (out^T = W . X^T), so no tensor-core work
+// goes to padding and the weight goes from global memory straight into registers: each lane
+// loads contiguous bytes of weight rows g and g + 8 (g = lane / 4) and the k order inside one mma
+// step is permuted the same way on both sides (a dot product's terms may come in any order; only
+// the fp32 rounding of the sums moves, which the tests bound).
+// A block has 8 warps: warps_n along the output (16 weight rows each) times 8 / warps_n along k,
+// whose partial sums are added in warp order through shared memory (deterministic). Each warp
+// walks its k range in units (the k extent one activation scale and one weight scale cover),
+// loading kDepth units ahead.
 struct SmallArgs {
   // activations: quantized (codes/scales, ld = k) or bf16 (a_bf16, lda)
   const std::uint8_t* a_codes;
@@ -109,94 +119,239 @@ struct SmallArgs {
   bool experts;
 };
 
-template <WeightFormat F>
-struct ChunkOf {
-  static constexpr int kValues = F == WeightFormat::kFp4 ? 32 : 16;
+constexpr int kFewWarps = kThreads / 32;
+
+// What one lane reads: weight rows g and g + 8 of its warp (null past the last row), the
+// activation row of token g (null past the tile's rows; at the group's columns), the activation
+// scale rows of tokens 2t and 2t + 1 (the accumulator's columns), and the weight scales.
+struct FewLane {
+  const std::uint8_t* w_lo = nullptr;
+  const std::uint8_t* w_hi = nullptr;
+  const void* x = nullptr;
+  const float* sa0 = nullptr;
+  const float* sa1 = nullptr;
+  const float* ws = nullptr;         // fp8: the 128-row block's scale row [ceil(k / 128)]
+  const std::uint8_t* s_lo = nullptr;  // fp4: UE8M0 rows [k / 32] of rows g and g + 8
+  const std::uint8_t* s_hi = nullptr;
+  std::int64_t k = 0;
+  int t = 0;
 };
 
-template <WeightFormat F, bool kQuantA, int kRowsPerWarp>
-__global__ void __launch_bounds__(kThreads) small_rows_kernel(SmallArgs args) {
-  constexpr int KC = ChunkOf<F>::kValues;
-  const RowTile tile = row_tile(blockIdx.y, kSmallRows, args.rows, args.rows_dev, args.tiles, args.experts);
-  if (!tile.valid) return;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const std::int64_t n_total = args.w.n;
-  const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * (kThreads / 32) + warp) * kRowsPerWarp;
-  const std::int64_t k = args.k;
-  const std::int64_t kb_act = (k + kActBlock - 1) / kActBlock;
-  const std::int64_t kb_w = (k + 127) / 128;
-  const auto* wbase = static_cast<const std::uint8_t*>(args.w.data) + static_cast<std::int64_t>(tile.expert) * args.w.expert_stride;
+template <class T>
+__device__ __forceinline__ T load_or_zero(const void* base, std::int64_t byte_offset, bool ok) {
+  return ok && base != nullptr ? *reinterpret_cast<const T*>(static_cast<const std::uint8_t*>(base) + byte_offset) : T{};
+}
 
-  float acc[kRowsPerWarp][kSmallRows];
-  DSV4_UNROLL
-  for (int r = 0; r < kRowsPerWarp; ++r)
+// fp8 weights x e4m3 activations. A unit is one 128-wide weight-scale block: two chunks of 64 k,
+// lane t holding k 16t .. 16t + 15 of each (two mma steps).
+struct FewFp8 {
+  static constexpr int kK = 128, kDepth = 2;
+  struct Regs {
+    uint4 w_lo[2], w_hi[2], x[2];
+    float sa0, sa1, ws;
+  };
+  static __device__ __forceinline__ void load(const FewLane& l, std::int64_t k0, Regs& r) {
     DSV4_UNROLL
-    for (int m = 0; m < kSmallRows; ++m) acc[r][m] = 0.0f;
-
-  std::int64_t arow[kSmallRows];
-  DSV4_UNROLL
-  for (int m = 0; m < kSmallRows; ++m) arow[m] = m < tile.count ? source_row(tile, m, args.tiles, args.experts) : 0;
-
-  for (std::int64_t k0 = static_cast<std::int64_t>(lane) * KC; k0 < k; k0 += 32 * KC) {
+    for (int h = 0; h < 2; ++h) {
+      const std::int64_t k = k0 + 64 * h + 16 * l.t;
+      const bool ok = k < l.k;
+      r.w_lo[h] = load_or_zero<uint4>(l.w_lo, k, ok);
+      r.w_hi[h] = load_or_zero<uint4>(l.w_hi, k, ok);
+      r.x[h] = load_or_zero<uint4>(l.x, k, ok);
+    }
+    const std::int64_t kb = k0 / 128;
+    r.sa0 = l.sa0 != nullptr ? l.sa0[kb] : 0.0f;
+    r.sa1 = l.sa1 != nullptr ? l.sa1[kb] : 0.0f;
+    r.ws = l.ws[kb];
+  }
+  static __device__ __forceinline__ void accumulate(const Regs& r, float (&acc)[4]) {
+    float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     DSV4_UNROLL
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-      const std::int64_t n = n0 + r;
-      if (n >= n_total) break;
-      const std::int64_t group = args.n_per_group > 0 ? n / args.n_per_group : 0;
-      float wv[KC];
-      float wscale = 1.0f;
-      if constexpr (F == WeightFormat::kFp8) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(wbase + n * k + k0);
-        DSV4_UNROLL
-        for (int j = 0; j < 16; ++j) wv[j] = e4m3_value(static_cast<std::uint8_t>(byte_of(raw, j)));
-        const auto* s = static_cast<const float*>(args.w.scale) + static_cast<std::int64_t>(tile.expert) * args.w.scale_stride;
-        wscale = s[(n / 128) * kb_w + k0 / 128];
-      } else if constexpr (F == WeightFormat::kFp4) {
-        const uint4 raw = *reinterpret_cast<const uint4*>(wbase + n * (k / 2) + k0 / 2);
-        DSV4_UNROLL
-        for (int j = 0; j < 16; ++j) {
-          const std::uint32_t b = byte_of(raw, j);
-          wv[2 * j] = e2m1_value(static_cast<std::uint8_t>(b & 0xf));
-          wv[2 * j + 1] = e2m1_value(static_cast<std::uint8_t>(b >> 4));
-        }
-        const auto* s = static_cast<const std::uint8_t*>(args.w.scale) + static_cast<std::int64_t>(tile.expert) * args.w.scale_stride;
-        wscale = ue8m0_value(s[n * (k / 32) + k0 / 32]);
-      } else {
-        const auto* p = reinterpret_cast<const uint4*>(wbase + (n * k + k0) * 2);
-        const uint4 lo = p[0], hi = p[1];
-        DSV4_UNROLL
-        for (int j = 0; j < 8; ++j) {
-          wv[j] = bf16_value(static_cast<std::uint16_t>(byte_of(lo, 2 * j) | (byte_of(lo, 2 * j + 1) << 8)));
-          wv[8 + j] = bf16_value(static_cast<std::uint16_t>(byte_of(hi, 2 * j) | (byte_of(hi, 2 * j + 1) << 8)));
-        }
-      }
-      const std::int64_t acol = group * args.a_group_stride + k0;
+    for (int h = 0; h < 2; ++h) {
       DSV4_UNROLL
-      for (int m = 0; m < kSmallRows; ++m) {
-        if (m >= tile.count) break;
-        float part = 0.0f;
-        if constexpr (kQuantA) {
-          const std::uint8_t* c = args.a_codes + arow[m] * k + acol;
-          const float sa = args.a_scales[arow[m] * kb_act + acol / kActBlock];
-          DSV4_UNROLL
-          for (int j = 0; j < KC; ++j) part += (e4m3_value(c[j]) * sa) * wv[j];
-        } else {
-          const std::uint16_t* x = args.a_bf16 + arow[m] * args.lda + acol;
-          DSV4_UNROLL
-          for (int j = 0; j < KC; ++j) part += bf16_value(x[j]) * wv[j];
-        }
-        acc[r][m] += part * wscale;
+      for (int s = 0; s < 2; ++s) {
+        // mma k 4t..4t+3 <- bytes 8s..8s+3 of the lane's 16, k 16+4t.. <- bytes 8s+4..8s+7.
+        const std::uint32_t a[4] = {word_of(r.w_lo[h], 2 * s), word_of(r.w_hi[h], 2 * s), word_of(r.w_lo[h], 2 * s + 1),
+                                    word_of(r.w_hi[h], 2 * s + 1)};
+        const std::uint32_t b[2] = {word_of(r.x[h], 2 * s), word_of(r.x[h], 2 * s + 1)};
+        mma_m16n8k32_e4m3(part, a, b, part);
+      }
+    }
+    acc[0] += part[0] * (r.sa0 * r.ws);
+    acc[1] += part[1] * (r.sa1 * r.ws);
+    acc[2] += part[2] * (r.sa0 * r.ws);
+    acc[3] += part[3] * (r.sa1 * r.ws);
+  }
+};
+
+// fp4 weights (rebuilt as e4m3) x e4m3 activations. A unit is 128 k = four 32-wide weight-scale
+// blocks, one mma step each: lane t holds k 8t .. 8t + 7 of each block (4 bytes of packed e2m1).
+struct FewFp4 {
+  static constexpr int kK = 128, kDepth = 4;
+  struct Regs {
+    std::uint32_t w_lo[4], w_hi[4];
+    uint2 x[4];
+    std::uint32_t s_lo, s_hi;  // the four blocks' UE8M0 bytes of rows g and g + 8
+    float sa0, sa1;
+  };
+  static __device__ __forceinline__ void load(const FewLane& l, std::int64_t k0, Regs& r) {
+    r.s_lo = 0;
+    r.s_hi = 0;
+    DSV4_UNROLL
+    for (int s = 0; s < 4; ++s) {
+      const std::int64_t k = k0 + 32 * s;
+      const bool ok = k < l.k;
+      r.w_lo[s] = load_or_zero<std::uint32_t>(l.w_lo, k / 2 + 4 * l.t, ok);
+      r.w_hi[s] = load_or_zero<std::uint32_t>(l.w_hi, k / 2 + 4 * l.t, ok);
+      r.x[s] = load_or_zero<uint2>(l.x, k + 8 * l.t, ok);
+      r.s_lo |= static_cast<std::uint32_t>(load_or_zero<std::uint8_t>(l.s_lo, k / 32, ok)) << (8 * s);
+      r.s_hi |= static_cast<std::uint32_t>(load_or_zero<std::uint8_t>(l.s_hi, k / 32, ok)) << (8 * s);
+    }
+    const std::int64_t kb = k0 / 128;
+    r.sa0 = l.sa0 != nullptr ? l.sa0[kb] : 0.0f;
+    r.sa1 = l.sa1 != nullptr ? l.sa1[kb] : 0.0f;
+  }
+  static __device__ __forceinline__ void accumulate(const Regs& r, float (&acc)[4]) {
+    DSV4_UNROLL
+    for (int s = 0; s < 4; ++s) {
+      // mma k 4t..4t+3 <- the lane's values 0..3 (low 16 bits), k 16+4t.. <- values 4..7.
+      const std::uint32_t a[4] = {e2m1x4_to_e4m3x4(r.w_lo[s]), e2m1x4_to_e4m3x4(r.w_hi[s]), e2m1x4_to_e4m3x4(r.w_lo[s] >> 16),
+                                  e2m1x4_to_e4m3x4(r.w_hi[s] >> 16)};
+      const std::uint32_t b[2] = {r.x[s].x, r.x[s].y};
+      float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      mma_m16n8k32_e4m3(part, a, b, part);
+      const float w_lo = ue8m0_value(static_cast<std::uint8_t>(r.s_lo >> (8 * s)));
+      const float w_hi = ue8m0_value(static_cast<std::uint8_t>(r.s_hi >> (8 * s)));
+      acc[0] += part[0] * (r.sa0 * w_lo);
+      acc[1] += part[1] * (r.sa1 * w_lo);
+      acc[2] += part[2] * (r.sa0 * w_hi);
+      acc[3] += part[3] * (r.sa1 * w_hi);
+    }
+  }
+};
+
+// bf16 activations x bf16 weights, or fp8 weights as their exact bf16 values (code x block
+// scale). A unit is 64 k: two chunks of 32, lane t holding k 8t .. 8t + 7 of each (two mma steps).
+template <WeightFormat F>
+struct FewBf16 {
+  static constexpr int kK = 64, kDepth = F == WeightFormat::kBf16 ? 2 : 4;
+  using WeightChunk = std::conditional_t<F == WeightFormat::kBf16, uint4, uint2>;
+  struct Regs {
+    WeightChunk w_lo[2], w_hi[2];
+    uint4 x[2];
+    float ws;
+  };
+  static __device__ __forceinline__ void load(const FewLane& l, std::int64_t k0, Regs& r) {
+    constexpr int kWeightBytes = F == WeightFormat::kBf16 ? 2 : 1;
+    DSV4_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const std::int64_t k = k0 + 32 * h + 8 * l.t;
+      const bool ok = k < l.k;
+      r.w_lo[h] = load_or_zero<WeightChunk>(l.w_lo, k * kWeightBytes, ok);
+      r.w_hi[h] = load_or_zero<WeightChunk>(l.w_hi, k * kWeightBytes, ok);
+      r.x[h] = load_or_zero<uint4>(l.x, k * 2, ok);
+    }
+    r.ws = F == WeightFormat::kFp8 ? l.ws[k0 / 128] : 1.0f;
+  }
+  static __device__ __forceinline__ uint4 weight_words(const WeightChunk& c, float ws) {
+    if constexpr (F == WeightFormat::kBf16) {
+      (void)ws;
+      return c;
+    } else {
+      return make_uint4(e4m3x2_to_bf16x2(c.x, ws), e4m3x2_to_bf16x2(c.x >> 16, ws), e4m3x2_to_bf16x2(c.y, ws),
+                        e4m3x2_to_bf16x2(c.y >> 16, ws));
+    }
+  }
+  static __device__ __forceinline__ void accumulate(const Regs& r, float (&acc)[4]) {
+    DSV4_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const uint4 lo = weight_words(r.w_lo[h], r.ws), hi = weight_words(r.w_hi[h], r.ws);
+      DSV4_UNROLL
+      for (int s = 0; s < 2; ++s) {
+        // mma k 2t, 2t+1 <- the lane's values 4s, 4s+1; k 8+2t.. <- values 4s+2, 4s+3.
+        const std::uint32_t a[4] = {word_of(lo, 2 * s), word_of(hi, 2 * s), word_of(lo, 2 * s + 1), word_of(hi, 2 * s + 1)};
+        const std::uint32_t b[2] = {word_of(r.x[h], 2 * s), word_of(r.x[h], 2 * s + 1)};
+        mma_m16n8k16_bf16(acc, a, b, acc);
       }
     }
   }
-  DSV4_UNROLL
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    DSV4_UNROLL
-    for (int m = 0; m < kSmallRows; ++m) {
-      const float v = warp_sum(acc[r][m]);
-      const std::int64_t n = n0 + r;
-      if (lane == 0 && m < tile.count && n < n_total) store_out(args.out, tile.first + m, n, v);
+};
+
+template <class U, WeightFormat F>
+__global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(SmallArgs args, int warps_n) {
+  __shared__ float partial[kFewWarps][32][4];
+  const RowTile tile = row_tile(blockIdx.y, kSmallRows, args.rows, args.rows_dev, args.tiles, args.experts);
+  if (!tile.valid) return;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wn = warp % warps_n, wk = warp / warps_n, k_split = kFewWarps / warps_n;
+  const std::int64_t n_total = args.w.n, k = args.k;
+  const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * warps_n + wn) * 16;  // the warp's first weight row
+
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (n0 < n_total) {
+    FewLane l;
+    l.k = k;
+    l.t = t;
+    const auto* wbase = static_cast<const std::uint8_t*>(args.w.data) + static_cast<std::int64_t>(tile.expert) * args.w.expert_stride;
+    const std::int64_t row_bytes = F == WeightFormat::kFp4 ? k / 2 : F == WeightFormat::kFp8 ? k : 2 * k;
+    if (n0 + g < n_total) l.w_lo = wbase + (n0 + g) * row_bytes;
+    if (n0 + g + 8 < n_total) l.w_hi = wbase + (n0 + g + 8) * row_bytes;
+    const std::int64_t kb_act = (k + kActBlock - 1) / kActBlock;
+    if (g < tile.count) {
+      const std::int64_t row = source_row(tile, g, args.tiles, args.experts);
+      if (args.a_codes != nullptr) {
+        l.x = args.a_codes + row * k;
+      } else {
+        const std::int64_t group = args.n_per_group > 0 ? n0 / args.n_per_group : 0;
+        l.x = args.a_bf16 + row * args.lda + group * args.a_group_stride;
+      }
     }
+    if (args.a_scales != nullptr) {
+      if (2 * t < tile.count) l.sa0 = args.a_scales + source_row(tile, 2 * t, args.tiles, args.experts) * kb_act;
+      if (2 * t + 1 < tile.count) l.sa1 = args.a_scales + source_row(tile, 2 * t + 1, args.tiles, args.experts) * kb_act;
+    }
+    if constexpr (F == WeightFormat::kFp8) {
+      l.ws = static_cast<const float*>(args.w.scale) + static_cast<std::int64_t>(tile.expert) * args.w.scale_stride +
+             (n0 / 128) * ((k + 127) / 128);
+    } else if constexpr (F == WeightFormat::kFp4) {
+      const auto* s = static_cast<const std::uint8_t*>(args.w.scale) + static_cast<std::int64_t>(tile.expert) * args.w.scale_stride;
+      if (l.w_lo != nullptr) l.s_lo = s + (n0 + g) * (k / 32);
+      if (l.w_hi != nullptr) l.s_hi = s + (n0 + g + 8) * (k / 32);
+    }
+
+    const std::int64_t units = (k + U::kK - 1) / U::kK;
+    const std::int64_t u_begin = units * wk / k_split, u_end = units * (wk + 1) / k_split;
+    typename U::Regs buf[U::kDepth];
+    DSV4_UNROLL
+    for (int d = 0; d < U::kDepth; ++d)
+      if (u_begin + d < u_end) U::load(l, (u_begin + d) * U::kK, buf[d]);
+    for (std::int64_t u = u_begin; u < u_end; u += U::kDepth) {
+      DSV4_UNROLL
+      for (int d = 0; d < U::kDepth; ++d) {
+        if (u + d < u_end) {
+          U::accumulate(buf[d], acc);
+          if (u + d + U::kDepth < u_end) U::load(l, (u + d + U::kDepth) * U::kK, buf[d]);
+        }
+      }
+    }
+  }
+
+  if (k_split > 1) {
+    DSV4_UNROLL
+    for (int e = 0; e < 4; ++e) partial[warp][lane][e] = acc[e];
+    __syncthreads();
+    if (wk != 0) return;
+    for (int w = 1; w < k_split; ++w) {
+      DSV4_UNROLL
+      for (int e = 0; e < 4; ++e) acc[e] += partial[w * warps_n + wn][lane][e];
+    }
+  }
+  // acc[e]: weight row n0 + g (+ 8 for e >= 2), token 2t + (e & 1).
+  DSV4_UNROLL
+  for (int e = 0; e < 4; ++e) {
+    const std::int64_t n = n0 + g + 8 * (e >> 1);
+    const int m = 2 * t + (e & 1);
+    if (m < tile.count && n < n_total) store_out(args.out, tile.first + m, n, acc[e]);
   }
 }
 
@@ -557,21 +712,20 @@ void check_k(std::int64_t k, const char* who) {
   if (k <= 0 || k % 32 != 0) launch_error(who, {k});
 }
 
-template <WeightFormat F, bool kQuantA>
-void launch_small(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t stream) {
-  // Enough blocks to cover the machine: 4 weight rows a warp for wide outputs, fewer for narrow.
-  const std::int64_t n = args.w.n;
-  const dim3 block(kThreads);
-  if (n >= 32 * 4 * 132) {
-    launch(small_rows_kernel<F, kQuantA, 4>, dim3(static_cast<unsigned>((n + 31) / 32), static_cast<unsigned>(row_tiles)),
-           block, 0, stream, args);
-  } else if (n >= 16 * 2 * 132) {
-    launch(small_rows_kernel<F, kQuantA, 2>, dim3(static_cast<unsigned>((n + 15) / 16), static_cast<unsigned>(row_tiles)),
-           block, 0, stream, args);
-  } else {
-    launch(small_rows_kernel<F, kQuantA, 1>, dim3(static_cast<unsigned>((n + 7) / 8), static_cast<unsigned>(row_tiles)),
-           block, 0, stream, args);
+// Few-rows launch: warps along the output as wide as still gives about two blocks per SM (132 on
+// an H100 / H200), the rest of the block's warps splitting k.
+template <class U, WeightFormat F>
+void launch_few(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t stream) {
+  const std::int64_t groups = (args.w.n + 15) / 16;
+  int warps_n = 1;
+  for (int w : {8, 4, 2}) {
+    if ((groups + w - 1) / w * row_tiles >= 2 * 132) {
+      warps_n = w;
+      break;
+    }
   }
+  launch(few_rows_kernel<U, F>, dim3(static_cast<unsigned>((groups + warps_n - 1) / warps_n), static_cast<unsigned>(row_tiles)),
+         dim3(kThreads), 0, stream, args, warps_n);
 }
 
 template <WeightFormat F>
@@ -594,8 +748,8 @@ void launch_mma_bf16(const MmaArgs& args, std::int64_t row_tiles, int groups, gp
 }
 
 bool use_small(std::int64_t rows, GemmPath path) {
-  if (path == GemmPath::kCudaCores) return true;
-  if (path == GemmPath::kTensorCores) return false;
+  if (path == GemmPath::kFewRows) return true;
+  if (path == GemmPath::kTiles) return false;
   return rows <= 16;
 }
 
@@ -622,8 +776,8 @@ void gemm_quantized(const QuantizedRows& a, std::int64_t rows, const DeviceWeigh
   if (use_small(rows, path)) {
     SmallArgs s{a.codes, a.scales, nullptr, 0, 0, w.k, w, 0, out, rows, rows_dev, {}, false};
     const std::int64_t tiles = (rows + kSmallRows - 1) / kSmallRows;
-    if (w.format == WeightFormat::kFp8) launch_small<WeightFormat::kFp8, true>(s, tiles, stream);
-    else launch_small<WeightFormat::kFp4, true>(s, tiles, stream);
+    if (w.format == WeightFormat::kFp8) launch_few<FewFp8, WeightFormat::kFp8>(s, tiles, stream);
+    else launch_few<FewFp4, WeightFormat::kFp4>(s, tiles, stream);
     return;
   }
   MmaArgs m{a.codes, a.scales, nullptr, 0, 0, w.k, w, 0, out, rows, rows_dev, {}, false};
@@ -639,8 +793,8 @@ void gemm_quantized_experts(const QuantizedRows& a, const ExpertTiles& tiles, co
   if (tiles.max_tiles <= 0) return;
   if (tiles.tile_m == kSmallRows) {
     SmallArgs s{a.codes, a.scales, nullptr, 0, 0, w.k, w, 0, out, 0, nullptr, tiles, true};
-    if (w.format == WeightFormat::kFp8) launch_small<WeightFormat::kFp8, true>(s, tiles.max_tiles, stream);
-    else launch_small<WeightFormat::kFp4, true>(s, tiles.max_tiles, stream);
+    if (w.format == WeightFormat::kFp8) launch_few<FewFp8, WeightFormat::kFp8>(s, tiles.max_tiles, stream);
+    else launch_few<FewFp4, WeightFormat::kFp4>(s, tiles.max_tiles, stream);
     return;
   }
   if (tiles.tile_m != kTileRows) launch_error("gemm_quantized_experts: tiles of {} rows", {tiles.tile_m});
@@ -657,11 +811,16 @@ void gemm_bf16(const std::uint16_t* a, std::int64_t lda, std::int64_t rows, cons
   if (w.format == WeightFormat::kFp4) launch_error("gemm_bf16: fp4 weights take gemm_quantized");
   const std::int64_t n_group = w.n / groups;
   const std::int64_t a_stride = groups > 1 ? w.k : 0;
-  if (use_small(rows, path)) {
+  // The few-rows kernel reads 8 bf16 activations at once and keeps a warp's 16 weight rows in
+  // one group; other layouts take the tile kernel.
+  const bool few_layout = lda % 8 == 0 && a_stride % 8 == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 &&
+                          (groups == 1 || n_group % 16 == 0);
+  if (use_small(rows, path) && (few_layout || path == GemmPath::kFewRows)) {
+    if (!few_layout) launch_error("gemm_bf16: the few-rows kernel needs 16-byte aligned activation rows and output groups of a multiple of 16 rows");
     SmallArgs s{nullptr, nullptr, a, lda, a_stride, w.k, w, groups > 1 ? n_group : 0, out, rows, rows_dev, {}, false};
     const std::int64_t tiles = (rows + kSmallRows - 1) / kSmallRows;
-    if (w.format == WeightFormat::kFp8) launch_small<WeightFormat::kFp8, false>(s, tiles, stream);
-    else launch_small<WeightFormat::kBf16, false>(s, tiles, stream);
+    if (w.format == WeightFormat::kFp8) launch_few<FewBf16<WeightFormat::kFp8>, WeightFormat::kFp8>(s, tiles, stream);
+    else launch_few<FewBf16<WeightFormat::kBf16>, WeightFormat::kBf16>(s, tiles, stream);
     return;
   }
   MmaArgs m{nullptr, nullptr, a, lda, a_stride, w.k, w, groups > 1 ? n_group : 0, out, rows, rows_dev, {}, false};

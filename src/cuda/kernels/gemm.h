@@ -6,10 +6,12 @@
 //     accumulation -- for bf16-valued inputs the same as the reference's fp32 products.
 // CPU twins: cpu/linear.h (linear, linear_bf16, linear_f32, linear_grouped_bf16).
 //
-// Kernels (gemm.cu): a CUDA-core kernel for few rows (decode: bound by reading the weight) and
-// tensor-core tile kernels for many rows (mma.sync e4m3 for fp8/fp4 weights, whose fp4 values
-// are rebuilt as e4m3 in shared memory; mma.sync bf16 otherwise), chosen by row count. The same
-// entry points serve dense layers and the MoE experts (rows grouped by expert through a tile map).
+// Kernels (gemm.cu), chosen by row count: for few rows (decode: bound by reading the weight) a
+// kernel that puts the weight on the A side of mma.sync and up to 8 activation rows on the B side,
+// loading the weight straight into registers; for many rows tensor-core tile kernels (128 x 128
+// tiles through shared memory). Both use mma.sync e4m3 for fp8/fp4 weights (fp4 values rebuilt as
+// e4m3) and mma.sync bf16 for bf16 activations. The same entry points serve dense layers and the
+// MoE experts (rows grouped by expert through a tile map).
 // Shapes: weights [n, k] row-major (one output feature per row); k a multiple of 32.
 #pragma once
 
@@ -66,13 +68,13 @@ struct ExpertTiles {
 };
 
 // Which kernel runs a product: by row count (kAuto), or forced (tests compare both).
-enum class GemmPath : std::int32_t { kAuto, kCudaCores, kTensorCores };
+enum class GemmPath : std::int32_t { kAuto, kFewRows, kTiles };
 
-inline constexpr int kSmallRows = 8;    // rows the CUDA-core kernel takes at once
+inline constexpr int kSmallRows = 8;    // rows the few-rows kernel takes at once
 inline constexpr int kTileRows = 128;   // rows of a tensor-core tile
 
 // The tile height to build expert tiles with, for `total_rows` routed rows over `experts`
-// experts: kSmallRows (CUDA-core kernel) when experts get few rows each, else kTileRows.
+// experts: kSmallRows (few-rows kernel) when experts get few rows each, else kTileRows.
 int expert_tile_rows(std::int64_t total_rows, std::int64_t experts);
 
 // codes/scales for rows [0, rows) of x (bf16 [rows][ld], the first k columns). `rows_dev`,

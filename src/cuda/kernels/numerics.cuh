@@ -132,10 +132,43 @@ __device__ __forceinline__ std::uint32_t e2m1_to_e4m3_byte(std::uint32_t c) {
   return byte | ((c & 8u) << 4);
 }
 
+// Four e2m1 codes (the low 16 bits, lowest k in the lowest nibble) as four e4m3 bytes (lowest k
+// in the lowest byte): magnitudes through a byte-permute table, signs from a second permute.
+__device__ __forceinline__ std::uint32_t e2m1x4_to_e4m3x4(std::uint32_t codes) {
+  constexpr std::uint32_t kMagLo = 0x3c383000u, kMagHi = 0x4c484440u;  // e2m1_to_e4m3_byte of 0..7
+  const std::uint32_t mag = __byte_perm(kMagLo, kMagHi, codes & 0x7777u);
+  const std::uint32_t sign = __byte_perm(0u, 0x80808080u, (codes & 0x8888u) >> 1);  // selector 4: 0x80
+  return mag | sign;
+}
+
+// Two e4m3 codes (the low 16 bits) times a power-of-two scale, as two bf16 (low half = low
+// byte): exact, as the tile kernels' bf16_bits(e4m3_value(code) * scale). The device converts
+// with the hardware's e4m3 -> f16 instruction (every e4m3 value is a normal f16 or zero).
+__device__ __forceinline__ std::uint32_t e4m3x2_to_bf16x2(std::uint32_t codes, float scale) {
+#if defined(__CUDA_ARCH__)
+  std::uint32_t h2;
+  const unsigned short in = static_cast<unsigned short>(codes);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+  float lo, hi;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(lo) : "h"(static_cast<unsigned short>(h2 & 0xffffu)));
+  asm("cvt.f32.f16 %0, %1;" : "=f"(hi) : "h"(static_cast<unsigned short>(h2 >> 16)));
+  std::uint32_t out;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(hi * scale), "f"(lo * scale));
+  return out;
+#else
+  const std::uint32_t lo = bf16_bits(e4m3_value(static_cast<std::uint8_t>(codes & 0xffu)) * scale);
+  const std::uint32_t hi = bf16_bits(e4m3_value(static_cast<std::uint8_t>((codes >> 8) & 0xffu)) * scale);
+  return lo | (hi << 16);
+#endif
+}
+
 // Quantized value of x under `inv_scale` (= 1 / scale, exact for powers of two): the code of
 // the clamped product, as block_quant.cc encode_scaled.
 __device__ __forceinline__ std::uint8_t fp8_encode_scaled(float x, float inv_scale) { return e4m3_code(mul_rn(x, inv_scale)); }
 __device__ __forceinline__ std::uint8_t fp4_encode_scaled(float x, float inv_scale) { return e2m1_code(mul_rn(x, inv_scale)); }
+
+// Word j (0..3) of a 16-byte vector.
+__device__ __forceinline__ std::uint32_t word_of(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
 // Byte j (0..15) of a 16-byte vector (little-endian words, as in memory).
 __device__ __forceinline__ std::uint32_t byte_of(const uint4& v, int j) {
