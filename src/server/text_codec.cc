@@ -1,6 +1,8 @@
 // The byte codec and the choice between it and the model's tokenizer (text_codec.h).
 #include "server/text_codec.h"
 
+#include <fmt/format.h>
+
 #include "common/error.h"
 
 namespace dsv4::server {
@@ -65,7 +67,7 @@ class ByteCodec final : public TextCodec {
   std::string special_text(std::int32_t id) const {
     if (id == bos_) return "<bos>";
     if (id == eos_) return "<eos>";
-    return "<" + std::to_string(id) + ">";
+    return fmt::format("<{}>", id);
   }
 
   class ByteDecoder final : public Decoder {

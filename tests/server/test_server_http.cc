@@ -1,6 +1,7 @@
 // End-to-end tests of `dsv4 serve`: one real server process on 127.0.0.1 (a free port) over a
 // tiny synthetic model made in a temp dir, driven with httplib clients. Every loop is bounded
 // in count and time.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -467,7 +468,7 @@ struct BadRequest {
 
 TEST_F(ServerHttp, BadInputsGetOpenAiErrors) {
   std::string long_prompt = "[";
-  for (int i = 0; i < kMaxModelLen + 10; ++i) long_prompt += (i ? "," : "") + std::to_string(100 + i % 50);
+  for (int i = 0; i < kMaxModelLen + 10; ++i) long_prompt += fmt::format("{}{}", i ? "," : "", 100 + i % 50);
   long_prompt += "]";
   const std::vector<BadRequest> cases = {
       {"malformed json", "/v1/completions", R"({"model": "tiny-test", "prompt": )", 400, "invalid_json", ""},
