@@ -6,7 +6,7 @@
 
 #include "cli/commands.h"
 #include "common/error.h"
-#include "engine/bpe_trainer.h"
+#include "text/bpe_trainer.h"
 #include "model/parameter_count.h"
 #include "model/presets.h"
 #include "model/synthetic_checkpoint.h"

@@ -5,7 +5,7 @@
 
 #include "common/error.h"
 #include "cpu/cpu_executor.h"
-#include "engine/bpe_trainer.h"
+#include "text/bpe_trainer.h"
 #include "model/presets.h"
 #include "model/synthetic_checkpoint.h"
 

@@ -1,11 +1,12 @@
 // Request parsing and validation, and the response JSON (server/openai_protocol.h).
 #include <gtest/gtest.h>
 
-#include "model/presets.h"
 #include "server/openai_protocol.h"
 
 namespace dsv4::server {
 namespace {
+
+constexpr ModelVocab kTinyVocab{.size = 4096, .bos_id = 0, .eos_id = 1};  // the tiny preset's
 
 ProtocolLimits limits() {
   ProtocolLimits l;
@@ -194,7 +195,7 @@ TEST(OpenAiProtocol, ChatToolsAndThinking) {
 }
 
 TEST(OpenAiProtocol, ChatToolCallResponse) {
-  const auto codec = make_byte_codec(tiny_config());
+  const auto codec = make_byte_codec(kTinyVocab);
   const ApiRequest r = chat(R"({"messages": [{"role": "user", "content": "x"}],
       "tools": [{"type": "function", "function": {"name": "f"}}]})");
   ResponseBuilder b(r, "chatcmpl-7", "tiny", 1, *codec);
@@ -287,7 +288,7 @@ TEST(OpenAiProtocol, ErrorJsonShape) {
 }
 
 TEST(OpenAiProtocol, CompletionResponseAndChunks) {
-  const auto codec = make_byte_codec(tiny_config());
+  const auto codec = make_byte_codec(kTinyVocab);
   const ApiRequest r = completion(R"({"prompt": "x", "logprobs": 1, "return_token_ids": true})");
   ResponseBuilder b(r, "cmpl-1", "tiny", 123, *codec);
   ResponseBuilder::Piece whole;
@@ -329,7 +330,7 @@ TEST(OpenAiProtocol, CompletionResponseAndChunks) {
 }
 
 TEST(OpenAiProtocol, ChatResponseAndChunks) {
-  const auto codec = make_byte_codec(tiny_config());
+  const auto codec = make_byte_codec(kTinyVocab);
   const ApiRequest r = chat(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 1})");
   ResponseBuilder b(r, "chatcmpl-1", "tiny", 1, *codec);
   const Json role = b.role_chunk();

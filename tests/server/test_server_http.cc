@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "engine/bpe_trainer.h"
+#include "text/bpe_trainer.h"
 #include "server_process.h"
 
 #ifndef DSV4_SERVE_BINARY

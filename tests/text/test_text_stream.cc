@@ -1,10 +1,9 @@
-// Incremental detokenization and stop strings (server/text_stream.h), on the byte codec.
+// Incremental detokenization and stop strings (text/text_stream.h), on the byte codec.
 #include <gtest/gtest.h>
 
-#include "model/presets.h"
-#include "server/text_stream.h"
+#include "text/text_stream.h"
 
-namespace dsv4::server {
+namespace dsv4 {
 namespace {
 
 std::int32_t byte_token(char c) { return static_cast<unsigned char>(c) + 3; }
@@ -22,7 +21,7 @@ std::string run(TextStream& s, const std::string& text, bool finish = true) {
 
 class TextStreamTest : public ::testing::Test {
  protected:
-  std::unique_ptr<TextCodec> codec = make_byte_codec(tiny_config());
+  std::unique_ptr<TextCodec> codec = make_byte_codec({.size = 4096, .bos_id = 0, .eos_id = 1});
 };
 
 TEST_F(TextStreamTest, WithoutStopStringsTextFlowsAtOnce) {
@@ -91,4 +90,4 @@ TEST(CompleteUtf8Prefix, Cases) {
 }
 
 }  // namespace
-}  // namespace dsv4::server
+}  // namespace dsv4

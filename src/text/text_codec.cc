@@ -1,13 +1,13 @@
 // The byte codec and the choice between it and the model's tokenizer (text_codec.h).
-#include "server/text_codec.h"
+#include "text/text_codec.h"
 
 #include <fmt/format.h>
 
 #include "common/error.h"
 
-namespace dsv4::server {
+namespace dsv4 {
 
-std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelConfig& config);
+std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelVocab& vocab);
 
 std::size_t complete_utf8_prefix(std::string_view text) {
   const std::size_t n = text.size();
@@ -34,8 +34,7 @@ constexpr std::int32_t kByteOffset = 3;
 
 class ByteCodec final : public TextCodec {
  public:
-  explicit ByteCodec(const ModelConfig& config)
-      : bos_(static_cast<std::int32_t>(config.bos_token_id)), eos_(static_cast<std::int32_t>(config.eos_token_id)) {}
+  explicit ByteCodec(const ModelVocab& vocab) : bos_(vocab.bos_id), eos_(vocab.eos_id) {}
 
   std::string_view kind() const override { return "bytes"; }
 
@@ -98,18 +97,18 @@ class ByteCodec final : public TextCodec {
 
 }  // namespace
 
-std::unique_ptr<TextCodec> make_byte_codec(const ModelConfig& config) {
-  if (config.vocab_size < kByteOffset + 256) {
+std::unique_ptr<TextCodec> make_byte_codec(const ModelVocab& vocab) {
+  if (vocab.size < kByteOffset + 256) {
     fail("the model has no tokenizer.json and its vocabulary ({} tokens) is too small for the byte codec (259)",
-         config.vocab_size);
+         vocab.size);
   }
-  return std::make_unique<ByteCodec>(config);
+  return std::make_unique<ByteCodec>(vocab);
 }
 
-std::unique_ptr<TextCodec> make_text_codec(const std::filesystem::path& model_dir, const ModelConfig& config) {
+std::unique_ptr<TextCodec> make_text_codec(const std::filesystem::path& model_dir, const ModelVocab& vocab) {
   const std::filesystem::path tokenizer_json = model_dir / "tokenizer.json";
-  if (std::filesystem::exists(tokenizer_json)) return make_tokenizer_codec(tokenizer_json, config);
-  return make_byte_codec(config);
+  if (std::filesystem::exists(tokenizer_json)) return make_tokenizer_codec(tokenizer_json, vocab);
+  return make_byte_codec(vocab);
 }
 
-}  // namespace dsv4::server
+}  // namespace dsv4

@@ -2,7 +2,7 @@
 // pre-tokenized words weighted by count: pair counts are kept in a map plus an ordered set
 // (count desc, then ids), and an index pair -> words, so each merge only revisits the words
 // that contain its pair.
-#include "engine/bpe_trainer.h"
+#include "text/bpe_trainer.h"
 
 #include <nlohmann/json.hpp>
 
@@ -15,7 +15,7 @@
 
 #include "common/error.h"
 #include "common/json_io.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace dsv4 {
 namespace {

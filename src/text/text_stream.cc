@@ -1,9 +1,9 @@
 // Incremental detokenization with stop strings (text_stream.h).
-#include "server/text_stream.h"
+#include "text/text_stream.h"
 
 #include <algorithm>
 
-namespace dsv4::server {
+namespace dsv4 {
 
 TextStream::TextStream(const TextCodec& codec, std::vector<std::string> stop, bool include_stop_str_in_output,
                        bool skip_special_tokens)
@@ -52,4 +52,4 @@ std::string TextStream::release(bool final) {
   return out;
 }
 
-}  // namespace dsv4::server
+}  // namespace dsv4

@@ -14,14 +14,14 @@
 
 #include "common/error.h"
 #include "common/json_io.h"
-#include "engine/bpe_trainer.h"
-#include "engine/tokenizer.h"
+#include "text/bpe_trainer.h"
+#include "text/tokenizer.h"
 
 namespace dsv4 {
 namespace {
 
 const std::filesystem::path kGoldens =
-    std::filesystem::path(DSV4_SOURCE_DIR) / "tests/tokenizer/tiny_tokenizer_goldens.json";
+    std::filesystem::path(DSV4_SOURCE_DIR) / "tests/text/tiny_tokenizer_goldens.json";
 
 // ---- helpers -------------------------------------------------------------------------------------
 
@@ -121,7 +121,7 @@ std::string* TinyTokenizer::json_ = nullptr;
 TEST_F(TinyTokenizer, WritesFiles) {
   const char* env = std::getenv("DSV4_WRITE_TINY_TOKENIZER");
   const std::filesystem::path dir = env != nullptr ? std::filesystem::path(env)
-                                                   : std::filesystem::path(DSV4_BINARY_DIR) / "tests/tokenizer" /
+                                                   : std::filesystem::path(DSV4_BINARY_DIR) / "tests/text" /
                                                          fmt::format("tiny_tokenizer.{}", ::getpid());
   write_tiny_tokenizer(dir);
   EXPECT_EQ(read_text_file(dir / "tokenizer.json"), json());
@@ -156,7 +156,7 @@ TEST_F(TinyTokenizer, MatchesTokenizersJsGoldens) {
   EXPECT_EQ(hash, goldens.at("tokenizer_json_fnv1a64").get<std::string>())
       << "the trained tokenizer differs from the one the goldens were made for (changed license "
          "texts in /usr/share/common-licenses, or a trainer change): regenerate them with "
-         "tests/tokenizer/make_goldens.mjs";
+         "tests/text/make_goldens.mjs";
   ASSERT_GE(goldens.at("cases").size(), 20u);
   for (const auto& c : goldens.at("cases")) {
     const std::string text = c.at("text").get<std::string>();

@@ -17,7 +17,7 @@
 //     "arguments" (the older copy of the reference does that; vLLM's raises), empty ones as {};
 //   - the reference's quick-instruction "task" tokens, response_format and content blocks of
 //     images are not supported (an OpenAI request cannot ask for the first two).
-#include "engine/chat_encoding.h"
+#include "text/chat_encoding.h"
 
 #include <algorithm>
 #include <cstddef>

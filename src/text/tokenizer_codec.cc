@@ -1,21 +1,21 @@
-// The TextCodec of a model with a tokenizer.json (text_codec.h, engine/tokenizer.h).
+// The TextCodec of a model with a tokenizer.json (text_codec.h, tokenizer.h).
 #include <fmt/format.h>
 
 #include "common/error.h"
 #include "common/json_io.h"
-#include "engine/tokenizer.h"
-#include "server/text_codec.h"
+#include "text/text_codec.h"
+#include "text/tokenizer.h"
 
-namespace dsv4::server {
+namespace dsv4 {
 
-std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelConfig& config);
+std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelVocab& vocab);
 
 namespace {
 
 class TokenizerCodec final : public TextCodec {
  public:
-  TokenizerCodec(Tokenizer tokenizer, const ModelConfig& config, bool add_bos)
-      : tokenizer_(std::move(tokenizer)), bos_(static_cast<std::int32_t>(config.bos_token_id)), add_bos_(add_bos) {}
+  TokenizerCodec(Tokenizer tokenizer, const ModelVocab& vocab, bool add_bos)
+      : tokenizer_(std::move(tokenizer)), bos_(vocab.bos_id), add_bos_(add_bos) {}
 
   std::string_view kind() const override { return "tokenizer"; }
 
@@ -55,11 +55,11 @@ class TokenizerCodec final : public TextCodec {
 
 }  // namespace
 
-std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelConfig& config) {
+std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelVocab& vocab) {
   Tokenizer tokenizer = Tokenizer::from_file(tokenizer_json);
-  if (tokenizer.vocab_size() > config.vocab_size) {
+  if (tokenizer.vocab_size() > vocab.size) {
     fail("{} has {} tokens, more than the model's vocab_size {}", tokenizer_json.string(), tokenizer.vocab_size(),
-         config.vocab_size);
+         vocab.size);
   }
   // Hugging Face's add_bos_token (tokenizer_config.json) decides whether prompts start with BOS.
   bool add_bos = false;
@@ -68,7 +68,7 @@ std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tok
     const Json tc = read_json_file(config_json);
     if (auto it = tc.find("add_bos_token"); it != tc.end() && it->is_boolean()) add_bos = it->get<bool>();
   }
-  return std::make_unique<TokenizerCodec>(std::move(tokenizer), config, add_bos);
+  return std::make_unique<TokenizerCodec>(std::move(tokenizer), vocab, add_bos);
 }
 
-}  // namespace dsv4::server
+}  // namespace dsv4

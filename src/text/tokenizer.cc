@@ -25,7 +25,7 @@
 // Regex patterns are compiled by PCRE2 (UTF + UCP) as written: HF uses Oniguruma, which agrees
 // on everything DeepSeek's patterns use (\p{..} classes, ranges, lookahead); Oniguruma-only
 // syntax is not translated.
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
