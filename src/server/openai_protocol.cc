@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "common/error.h"
+#include "text/utf8.h"
 
 namespace dsv4::server {
 
@@ -464,13 +465,6 @@ Json byte_list(const std::string& text) {
   return bytes;
 }
 
-// The number of characters (code points; invalid bytes count one each) in `text`.
-std::int64_t count_chars(const std::string& text) {
-  std::int64_t n = 0;
-  for (unsigned char c : text) n += (c & 0xC0) != 0x80;
-  return n;
-}
-
 Json optional_string(const std::optional<std::string>& s) { return s ? Json(*s) : Json(nullptr); }
 
 }  // namespace
@@ -481,7 +475,7 @@ Json ResponseBuilder::completion_logprobs(const std::vector<SampledToken>& token
   for (const SampledToken& t : tokens) {
     const std::string text = codec_.token_text(t.token);
     out["text_offset"].push_back(text_offset_);
-    text_offset_ += count_chars(text);
+    text_offset_ += static_cast<std::int64_t>(utf8::count_char_starts(text));
     out["token_logprobs"].push_back(t.logprob);
     out["tokens"].push_back(text);
     Json top = Json::object();

@@ -4,29 +4,11 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "text/utf8.h"
 
 namespace dsv4 {
 
 std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelVocab& vocab);
-
-std::size_t complete_utf8_prefix(std::string_view text) {
-  const std::size_t n = text.size();
-  // Look back over at most three trailing bytes for the lead byte of an unfinished character.
-  for (std::size_t back = 1; back <= 3 && back <= n; ++back) {
-    const auto byte = static_cast<unsigned char>(text[n - back]);
-    if ((byte & 0xC0) == 0x80) continue;  // a continuation byte: keep looking for the lead
-    std::size_t need = 0;
-    if ((byte & 0xE0) == 0xC0) {
-      need = 2;
-    } else if ((byte & 0xF0) == 0xE0) {
-      need = 3;
-    } else if ((byte & 0xF8) == 0xF0) {
-      need = 4;
-    }
-    return need > back ? n - back : n;  // ASCII or an invalid lead byte: nothing to wait for
-  }
-  return n;
-}
 
 namespace {
 
@@ -78,7 +60,7 @@ class ByteCodec final : public TextCodec {
       } else if (!skip_special_) {
         pending_ += codec_.special_text(id);
       }
-      const std::size_t ready = complete_utf8_prefix(pending_);
+      const std::size_t ready = utf8::complete_prefix(pending_);
       std::string out = pending_.substr(0, ready);
       pending_.erase(0, ready);
       return out;

@@ -53,8 +53,4 @@ class TextCodec {
 std::unique_ptr<TextCodec> make_text_codec(const std::filesystem::path& model_dir, const ModelVocab& vocab);
 std::unique_ptr<TextCodec> make_byte_codec(const ModelVocab& vocab);
 
-// The length of the longest prefix of `text` that does not end inside a UTF-8 character
-// that could still be completed by more bytes (invalid bytes count as complete).
-std::size_t complete_utf8_prefix(std::string_view text);
-
 }  // namespace dsv4

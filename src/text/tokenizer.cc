@@ -39,144 +39,18 @@
 
 #include "common/error.h"
 #include "common/json_io.h"
+#include "text/byte_level.h"
+#include "text/utf8.h"
 
 namespace dsv4 {
 namespace {
 
 constexpr std::int32_t kMaxTokenId = (1 << 21) - 1;  // real vocabularies stay under 300k
 
-// ---- UTF-8 ------------------------------------------------------------------------------
-
-// What a UTF-8 lead byte promises (RFC 3629: no overlongs, no surrogates, nothing above
-// U+10FFFF): the character's length (0: not a lead byte) and the bounds of its second byte.
-struct Utf8Lead {
-  std::size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xBF;
-};
-Utf8Lead utf8_lead(unsigned char b0) {
-  Utf8Lead lead;
-  if (b0 < 0x80) {
-    lead.len = 1;
-  } else if (b0 >= 0xC2 && b0 <= 0xDF) {
-    lead.len = 2;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    lead.len = 3;
-    if (b0 == 0xE0) lead.lo = 0xA0;
-    if (b0 == 0xED) lead.hi = 0x9F;
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    lead.len = 4;
-    if (b0 == 0xF0) lead.lo = 0x90;
-    if (b0 == 0xF4) lead.hi = 0x8F;
-  }
-  return lead;
-}
-
-// Length of the valid UTF-8 character starting at s[i], or 0 if the bytes there are not one.
-std::size_t utf8_char_len(std::string_view s, std::size_t i) {
-  const Utf8Lead lead = utf8_lead(static_cast<unsigned char>(s[i]));
-  if (lead.len <= 1) return lead.len;
-  if (i + lead.len > s.size()) return 0;
-  const auto b1 = static_cast<unsigned char>(s[i + 1]);
-  if (b1 < lead.lo || b1 > lead.hi) return 0;
-  for (std::size_t k = 2; k < lead.len; ++k) {
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    if (b < 0x80 || b > 0xBF) return 0;
-  }
-  return lead.len;
-}
-
-// Number of bytes at the end of `s` that are the start of a valid UTF-8 character still
-// missing bytes (0..3). Such a tail may become valid when more bytes arrive; anything else is
-// either complete or can never become valid.
-std::size_t incomplete_utf8_tail(std::string_view s) {
-  const std::size_t n = s.size();
-  for (std::size_t k = 1; k <= 3 && k <= n; ++k) {
-    const auto b0 = static_cast<unsigned char>(s[n - k]);
-    if (b0 >= 0x80 && b0 <= 0xBF) continue;  // continuation byte: look further back
-    const Utf8Lead lead = utf8_lead(b0);
-    if (lead.len <= 1) return 0;       // ASCII or a byte that never starts a character
-    if (k >= lead.len) return 0;       // complete (or invalid): nothing to wait for
-    for (std::size_t j = 1; j < k; ++j) {
-      const auto b = static_cast<unsigned char>(s[n - k + j]);
-      const unsigned char jlo = j == 1 ? lead.lo : 0x80, jhi = j == 1 ? lead.hi : 0xBF;
-      if (b < jlo || b > jhi) return 0;
-    }
-    return k;
-  }
-  return 0;
-}
-
-void append_utf8(std::string& out, std::uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
-// Decodes the valid UTF-8 character at s[i] (len from utf8_char_len).
-std::uint32_t decode_utf8(std::string_view s, std::size_t i, std::size_t len) {
-  const auto b0 = static_cast<unsigned char>(s[i]);
-  if (len == 1) return b0;
-  std::uint32_t cp = b0 & (0x7F >> len);
-  for (std::size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-  return cp;
-}
-
-// ---- GPT-2 byte-level alphabet -------------------------------------------------------------
-
-// Printable bytes stand for themselves; the other 68 map to U+0100.. in byte order.
-struct ByteAlphabet {
-  std::array<std::string, 256> symbol;                   // byte -> UTF-8 of its character
-  std::unordered_map<std::uint32_t, unsigned char> byte;  // character -> byte
-
-  ByteAlphabet() {
-    std::uint32_t next = 256;
-    for (std::uint32_t b = 0; b < 256; ++b) {
-      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-      const std::uint32_t cp = printable ? b : next++;
-      append_utf8(symbol[b], cp);
-      byte[cp] = static_cast<unsigned char>(b);
-    }
-  }
-};
-
-const ByteAlphabet& byte_alphabet() {
-  static const ByteAlphabet alphabet;
-  return alphabet;
-}
-
-// A vocab token's bytes: each character through the byte table, or the raw spelling if some
-// character is not in it (HF's ByteLevel decoder).
+// A vocab token's bytes: each character through the byte-level alphabet, or the raw spelling
+// if some character is not in it (HF's ByteLevel decoder).
 std::string byte_level_decode(std::string_view spelling) {
-  const auto& table = byte_alphabet().byte;
-  std::string out;
-  for (std::size_t i = 0; i < spelling.size();) {
-    const std::size_t len = utf8_char_len(spelling, i);
-    if (len == 0) return std::string(spelling);
-    auto it = table.find(decode_utf8(spelling, i, len));
-    if (it == table.end()) return std::string(spelling);
-    out += static_cast<char>(it->second);
-    i += len;
-  }
-  return out;
-}
-
-std::string byte_level_encode(std::string_view bytes) {
-  const auto& alphabet = byte_alphabet();
-  std::string out;
-  for (char c : bytes) out += alphabet.symbol[static_cast<unsigned char>(c)];
-  return out;
+  return byte_level::decode(spelling).value_or(std::string(spelling));
 }
 
 // ---- Split regexes -----------------------------------------------------------------------------
@@ -247,7 +121,7 @@ void apply_split(const SplitStep& step, std::string_view text, std::vector<std::
     previous = end;
     if (end == begin) {  // empty match: step over one character
       if (begin >= text.size()) break;
-      position = begin + std::max<std::size_t>(1, utf8_char_len(text, begin));
+      position = begin + std::max<std::size_t>(1, utf8::char_length(text, begin));
     } else {
       position = end;
     }
@@ -436,7 +310,7 @@ void Tokenizer::Impl::pre_tokenize(std::string_view text, std::vector<std::strin
   };
   std::size_t run_start = 0, i = 0;
   while (i < text.size()) {
-    const std::size_t len = utf8_char_len(text, i);
+    const std::size_t len = utf8::char_length(text, i);
     if (len != 0) {
       i += len;
       continue;
@@ -455,7 +329,7 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<std::int32_t>& out
     return;
   }
   if (ignore_merges) {
-    auto it = vocab.find(byte_level_encode(piece));
+    auto it = vocab.find(byte_level::encode(piece));
     if (it != vocab.end()) {
       out.push_back(it->second);
       return;
@@ -658,11 +532,11 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& wh
     spelling[static_cast<std::size_t>(id)] = token;
     impl->vocab.emplace(token, id);
   }
-  const auto& alphabet = byte_alphabet();
   for (std::size_t b = 0; b < 256; ++b) {
-    auto it = impl->vocab.find(alphabet.symbol[b]);
+    const std::string& symbol = byte_level::symbol(static_cast<unsigned char>(b));
+    auto it = impl->vocab.find(symbol);
     if (it == impl->vocab.end())
-      fail("{}: vocab lacks the byte-level symbol {:?} for byte 0x{:02X}", mwhere, alphabet.symbol[b], b);
+      fail("{}: vocab lacks the byte-level symbol {:?} for byte 0x{:02X}", mwhere, symbol, b);
     impl->byte_id[b] = it->second;
   }
 
@@ -822,7 +696,7 @@ Tokenizer::StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_sp
 std::string Tokenizer::StreamDecoder::push(std::int32_t id) {
   const std::int32_t one[1] = {id};
   pending_ += tokenizer_->decode(one, skip_special_);
-  const std::size_t keep = incomplete_utf8_tail(pending_);
+  const std::size_t keep = utf8::incomplete_tail(pending_);
   std::string ready = pending_.substr(0, pending_.size() - keep);
   pending_.erase(0, pending_.size() - keep);
   return ready;

@@ -16,6 +16,7 @@
 #include "common/json_io.h"
 #include "text/bpe_trainer.h"
 #include "text/tokenizer.h"
+#include "text/utf8.h"
 
 namespace dsv4 {
 namespace {
@@ -24,22 +25,6 @@ const std::filesystem::path kGoldens =
     std::filesystem::path(DSV4_SOURCE_DIR) / "tests/text/tiny_tokenizer_goldens.json";
 
 // ---- helpers -------------------------------------------------------------------------------------
-
-bool valid_utf8(std::string_view s) {
-  for (std::size_t i = 0; i < s.size();) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    std::size_t len = b < 0x80 ? 1 : b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
-    if (len == 0 || i + len > s.size()) return false;
-    for (std::size_t k = 1; k < len; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
-    if (b == 0xE0 && static_cast<unsigned char>(s[i + 1]) < 0xA0) return false;
-    if (b == 0xED && static_cast<unsigned char>(s[i + 1]) > 0x9F) return false;
-    if (b == 0xF0 && static_cast<unsigned char>(s[i + 1]) < 0x90) return false;
-    if (b == 0xF4 && static_cast<unsigned char>(s[i + 1]) > 0x8F) return false;
-    i += len;
-  }
-  return true;
-}
 
 std::uint64_t fnv1a64(std::string_view bytes) {
   std::uint64_t h = 0xcbf29ce484222325ull;
@@ -271,8 +256,8 @@ TEST_F(TinyTokenizer, StreamDecoderMatchesDecodeAndKeepsCharactersWhole) {
       std::string joined;
       for (auto id : encoded) {
         const std::string chunk = stream.push(id);
-        if (valid_utf8(text)) {
-          EXPECT_TRUE(valid_utf8(chunk)) << "split character in " << text;
+        if (utf8::is_valid(text)) {
+          EXPECT_TRUE(utf8::is_valid(chunk)) << "split character in " << text;
         }
         joined += chunk;
       }
