@@ -331,7 +331,7 @@ ApiRequest parse_api_request(std::string_view body, Endpoint endpoint, const Pro
   ApiRequest request = parse_api_json(json, endpoint, limits);
   if (!request.tools.is_null()) {
     // Tool schemas are rendered in the client's key order: take them from an order-keeping parse.
-    const auto ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+    const OrderedJson ordered = parse_ordered_json(body, "the request body");  // parsed once already: no throw
     if (ordered.is_object() && ordered.contains("tools")) request.tools = ordered["tools"];
   }
   return request;

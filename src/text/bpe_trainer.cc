@@ -20,8 +20,6 @@
 namespace dsv4 {
 namespace {
 
-using OrderedJson = nlohmann::ordered_json;
-
 // DeepSeek-V3's pre-tokenizer (also V3.2's and V4's): digits in runs of up to three, runs of
 // CJK ideographs / kana, then the word/punctuation/whitespace regex, then byte-level mapping.
 OrderedJson deepseek_pre_tokenizer() {

@@ -250,6 +250,26 @@ TEST(ModelConfig, TinyHasTheFullStructure) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Repeated keys: refused, not silently resolved to the last one
+
+TEST_F(ModelConfigFiles, DuplicateKeyNamesKeyAndFile) {
+  std::string text = flash_json().dump(1);
+  // The same field again at the end, with another value.
+  text.insert(text.rfind('}'), ",\"num_hidden_layers\": 2");
+  fs::path path = write("duplicate.json", text);
+  std::string message = error_of([&] { ModelConfig::from_file(path); });
+  EXPECT_TRUE(contains(message, path.string() + ": key 'num_hidden_layers' is listed more than once")) << message;
+  // Nested, too.
+  std::string nested = flash_json().dump(1);
+  const std::size_t at = nested.find("\"rope_scaling\": {") + std::string("\"rope_scaling\": {").size();
+  nested.insert(at, "\"factor\": 2, ");
+  path = write("duplicate_nested.json", nested);
+  message = error_of([&] { ModelConfig::from_file(path); });
+  EXPECT_TRUE(contains(message, path.string() + ": key 'factor' is listed more than once in \"rope_scaling\""))
+      << message;
+}
+
+// ---------------------------------------------------------------------------------------
 // Missing fields
 
 TEST_F(ModelConfigFiles, EachMissingTopLevelFieldIsNamed) {

@@ -94,6 +94,25 @@ TEST(OpenAiProtocol, MalformedBodies) {
   EXPECT_EQ(error_of("{\"prompt\": \"\xff\"}").code, "invalid_json");  // not UTF-8
 }
 
+// A repeated key is refused as malformed JSON, naming the key, rather than one value winning.
+TEST(OpenAiProtocol, DuplicateKeysAreRefused) {
+  ApiError e = error_of(R"({"prompt": "x", "max_tokens": 1, "max_tokens": 500})");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "invalid_json");
+  EXPECT_NE(e.message.find("the request body: key 'max_tokens' is listed more than once"), std::string::npos)
+      << e.message;
+  e = error_of(R"({"messages": [{"role": "user", "content": "hi", "role": "system"}]})", Endpoint::kChat);
+  EXPECT_EQ(e.code, "invalid_json");
+  EXPECT_NE(e.message.find("key 'role' is listed more than once in \"messages[0]\""), std::string::npos)
+      << e.message;
+  // In the tool schemas, which are rendered in the client's key order.
+  e = error_of(R"({"messages": [{"role": "user", "content": "hi"}],
+      "tools": [{"type": "function", "function": {"name": "f", "name": "g"}}]})", Endpoint::kChat);
+  EXPECT_EQ(e.code, "invalid_json");
+  EXPECT_NE(e.message.find("key 'name' is listed more than once in \"tools[0].function\""), std::string::npos)
+      << e.message;
+}
+
 struct BadField {
   const char* body;
   const char* param;

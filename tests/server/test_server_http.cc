@@ -474,6 +474,8 @@ TEST_F(ServerHttp, BadInputsGetOpenAiErrors) {
       {"malformed json", "/v1/completions", R"({"model": "tiny-test", "prompt": )", 400, "invalid_json", ""},
       {"not an object", "/v1/completions", "[1,2,3]", 400, "invalid_type", ""},
       {"empty body", "/v1/chat/completions", "", 400, "invalid_json", ""},
+      {"duplicate key", "/v1/completions", R"({"prompt": "hi", "max_tokens": 1, "max_tokens": 400})", 400,
+       "invalid_json", ""},
       {"wrong type", "/v1/completions", R"({"prompt": "hi", "max_tokens": "many"})", 400, "invalid_type", "max_tokens"},
       {"out of range", "/v1/completions", R"({"prompt": "hi", "temperature": 9})", 400, "invalid_value", "temperature"},
       {"n > 1", "/v1/completions", R"({"prompt": "hi", "n": 3})", 400, "unsupported_parameter", "n"},
@@ -502,6 +504,10 @@ TEST_F(ServerHttp, BadInputsGetOpenAiErrors) {
     }
     if (!bad.param.empty()) {
       EXPECT_EQ(j["error"]["param"], bad.param) << j;
+    }
+    if (bad.name == "duplicate key") {
+      EXPECT_NE(j["error"]["message"].get<std::string>().find("key 'max_tokens' is listed more than once"),
+                std::string::npos) << j;
     }
   }
 

@@ -392,6 +392,14 @@ TEST(TokenizerErrors, MalformedFiles) {
   ASSERT_NO_THROW(load(good));
 
   expect_text_error("{not json", "invalid JSON");
+  {
+    // A token listed twice in the vocab (HF would keep one silently): refused, naming it.
+    std::string text = good.dump();
+    const std::size_t at = text.find("\"vocab\":{");
+    ASSERT_NE(at, std::string::npos);
+    text.insert(at + std::string("\"vocab\":{").size(), "\"ab\":3,");
+    expect_text_error(text, "key 'ab' is listed more than once in \"model.vocab\"");
+  }
   expect_text_error("[1, 2]", "expected a JSON object");
   {
     Json j = good;
