@@ -39,6 +39,7 @@
 
 #include "common/error.h"
 #include "common/json_io.h"
+#include "common/json_reader.h"
 #include "text/byte_level.h"
 #include "text/utf8.h"
 
@@ -234,33 +235,12 @@ class AddedTokenTrie {
   std::vector<Node> nodes_;
 };
 
-// ---- JSON field helpers -----------------------------------------------------------------------
+// ---- tokenizer.json fields -------------------------------------------------------------------
 
-const Json* field(const Json& object, const char* key) {
-  auto it = object.find(key);
-  return it == object.end() ? nullptr : &*it;
-}
+// tokenizer.json as Hugging Face writes it: null means unset.
+constexpr JsonRules kTokenizerRules{.null_is_absent = true};
 
-bool bool_field(const Json& object, const char* key, bool fallback, const std::string& where) {
-  const Json* value = field(object, key);
-  if (value == nullptr || value->is_null()) return fallback;
-  if (!value->is_boolean()) fail("{}: \"{}\" must be a boolean, found {}", where, key, json_type_name(*value));
-  return value->get<bool>();
-}
-
-std::string string_field(const Json& object, const char* key, const std::string& where) {
-  const Json* value = field(object, key);
-  if (value == nullptr) fail("{}: missing \"{}\"", where, key);
-  if (!value->is_string()) fail("{}: \"{}\" must be a string, found {}", where, key, json_type_name(*value));
-  return value->get<std::string>();
-}
-
-std::int32_t id_value(const Json& value, const std::string& where) {
-  if (!value.is_number_integer()) fail("{}: token id must be an integer, found {}", where, json_type_name(value));
-  const auto id = value.get<std::int64_t>();
-  if (id < 0 || id > kMaxTokenId) fail("{}: token id {} out of range [0, {}]", where, id, kMaxTokenId);
-  return static_cast<std::int32_t>(id);
-}
+std::int32_t read_token_id(const JsonField& value) { return static_cast<std::int32_t>(value.integer(0, kMaxTokenId)); }
 
 std::uint64_t pair_key(std::int32_t a, std::int32_t b) {
   return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a)) << 32) | static_cast<std::uint32_t>(b);
@@ -405,114 +385,95 @@ SplitBehavior parse_behavior(const std::string& name, const std::string& where) 
   fail("{}: Split behavior {:?} is not supported", where, name);
 }
 
-void parse_byte_level(const Json& j, std::vector<SplitStep>& steps, const std::string& where) {
-  if (bool_field(j, "add_prefix_space", false, where))
-    fail("{}: ByteLevel add_prefix_space=true is not supported", where);
-  if (bool_field(j, "use_regex", true, where))
-    steps.push_back(make_split(kGpt2Pattern, false, SplitBehavior::kIsolated, false, where));
+void parse_byte_level(const JsonObject& j, std::vector<SplitStep>& steps) {
+  if (j.optional_boolean("add_prefix_space").value_or(false))
+    fail("{}: ByteLevel add_prefix_space=true is not supported", j.where());
+  if (j.optional_boolean("use_regex").value_or(true))
+    steps.push_back(make_split(kGpt2Pattern, false, SplitBehavior::kIsolated, false, j.where()));
 }
 
-void parse_pre_tokenizer(const Json* j, std::vector<SplitStep>& steps, const std::string& where) {
-  const std::string here = where + ": pre_tokenizer";
-  if (j == nullptr || j->is_null())
-    fail("{} is missing: only byte-level BPE (a ByteLevel pre-tokenizer) is supported", here);
-  if (!j->is_object()) fail("{} must be an object, found {}", here, json_type_name(*j));
-  std::vector<const Json*> list;
-  const std::string type = string_field(*j, "type", here);
-  if (type == "Sequence") {
-    const Json* items = field(*j, "pretokenizers");
-    if (items == nullptr || !items->is_array()) fail("{}: Sequence needs a \"pretokenizers\" array", here);
-    for (const auto& item : *items) list.push_back(&item);
+void parse_pre_tokenizer(const JsonObject& root, std::vector<SplitStep>& steps) {
+  const std::optional<JsonObject> pre = root.optional_object("pre_tokenizer");
+  if (!pre)
+    fail("{}: pre_tokenizer is missing: only byte-level BPE (a ByteLevel pre-tokenizer) is supported", root.where());
+  std::vector<JsonObject> list;
+  if (pre->string("type") == "Sequence") {
+    for (const JsonField& item : pre->array("pretokenizers")) list.push_back(item.object());
   } else {
-    list.push_back(j);
+    list.push_back(*pre);
   }
   bool byte_level = false;
-  for (std::size_t i = 0; i < list.size(); ++i) {
-    const Json& p = *list[i];
-    const std::string at = fmt::format("{}[{}]", here, i);
-    if (!p.is_object()) fail("{} must be an object, found {}", at, json_type_name(p));
-    const std::string kind = string_field(p, "type", at);
+  for (const JsonObject& p : list) {
+    const std::string at = p.where();
+    const std::string kind = p.string("type");
     if (byte_level) fail("{}: {} after ByteLevel is not supported (ByteLevel must come last)", at, kind);
     if (kind == "ByteLevel") {
-      parse_byte_level(p, steps, at);
+      parse_byte_level(p, steps);
       byte_level = true;
     } else if (kind == "Split") {
-      const Json* pattern = field(p, "pattern");
-      if (pattern == nullptr || !pattern->is_object()) fail("{}: Split needs a \"pattern\" object", at);
-      const bool invert = bool_field(p, "invert", false, at);
-      const auto behavior = parse_behavior(string_field(p, "behavior", at), at);
-      if (const Json* regex = field(*pattern, "Regex")) {
-        if (!regex->is_string()) fail("{}: pattern.Regex must be a string", at);
-        steps.push_back(make_split(regex->get<std::string>(), false, behavior, invert, at));
-      } else if (const Json* literal = field(*pattern, "String")) {
-        if (!literal->is_string()) fail("{}: pattern.String must be a string", at);
-        steps.push_back(make_split(literal->get<std::string>(), true, behavior, invert, at));
+      const JsonObject pattern = p.object("pattern");
+      const bool invert = p.optional_boolean("invert").value_or(false);
+      const auto behavior = parse_behavior(p.string("behavior"), at);
+      if (const auto regex = pattern.optional_string("Regex")) {
+        steps.push_back(make_split(*regex, false, behavior, invert, at));
+      } else if (const auto literal = pattern.optional_string("String")) {
+        steps.push_back(make_split(*literal, true, behavior, invert, at));
       } else {
         fail("{}: Split pattern must have \"Regex\" or \"String\"", at);
       }
     } else if (kind == "Digits") {
-      const bool individual = bool_field(p, "individual_digits", false, at);
+      const bool individual = p.optional_boolean("individual_digits").value_or(false);
       steps.push_back(make_split(individual ? R"(\p{N})" : R"(\p{N}+)", false, SplitBehavior::kIsolated, false, at));
     } else {
       fail("{}: pre-tokenizer type {:?} is not supported", at, kind);
     }
   }
-  if (!byte_level) fail("{}: no ByteLevel step: only byte-level BPE is supported", here);
+  if (!byte_level) fail("{}: no ByteLevel step: only byte-level BPE is supported", pre->where());
 }
 
-void check_normalizer(const Json* j, const std::string& where) {
-  if (j == nullptr || j->is_null()) return;
-  const std::string here = where + ": normalizer";
-  if (!j->is_object()) fail("{} must be an object or null, found {}", here, json_type_name(*j));
-  const std::string type = string_field(*j, "type", here);
+void check_normalizer(const JsonObject& root) {
+  const std::optional<JsonObject> normalizer = root.optional_object("normalizer");
+  if (!normalizer) return;
+  const std::string type = normalizer->string("type");
   if (type == "Sequence") {
-    const Json* items = field(*j, "normalizers");
-    if (items != nullptr && items->is_array() && items->empty()) return;
+    const auto items = normalizer->optional_array("normalizers");
+    if (items && items->empty()) return;
   }
-  fail("{}: normalizer {:?} is not supported (only none, or an empty Sequence)", here, type);
+  fail("{}: normalizer {:?} is not supported (only none, or an empty Sequence)", normalizer->where(), type);
 }
 
-void check_decoder(const Json* j, const std::string& where) {
-  const std::string here = where + ": decoder";
-  if (j == nullptr || j->is_null()) fail("{} is missing: only a ByteLevel decoder is supported", here);
-  if (!j->is_object()) fail("{} must be an object, found {}", here, json_type_name(*j));
-  const std::string type = string_field(*j, "type", here);
-  if (type != "ByteLevel") fail("{}: decoder {:?} is not supported (only ByteLevel)", here, type);
+void check_decoder(const JsonObject& root) {
+  const std::optional<JsonObject> decoder = root.optional_object("decoder");
+  if (!decoder) fail("{}: decoder is missing: only a ByteLevel decoder is supported", root.where());
+  const std::string type = decoder->string("type");
+  if (type != "ByteLevel") fail("{}: decoder {:?} is not supported (only ByteLevel)", decoder->where(), type);
 }
 
 }  // namespace
 
 Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& where) {
   const Json j = parse_json(text, where);
-  if (!j.is_object()) fail("{}: expected a JSON object, found {}", where, json_type_name(j));
+  const JsonObject root(j, where, kTokenizerRules);
   auto impl = std::make_unique<Impl>();
 
-  check_normalizer(field(j, "normalizer"), where);
-  parse_pre_tokenizer(field(j, "pre_tokenizer"), impl->steps, where);
-  check_decoder(field(j, "decoder"), where);
+  check_normalizer(root);
+  parse_pre_tokenizer(root, impl->steps);
+  check_decoder(root);
 
   // Model.
-  const Json* model = field(j, "model");
-  if (model == nullptr || model->is_null()) fail("{}: missing \"model\"", where);
-  const std::string mwhere = where + ": model";
-  if (!model->is_object()) fail("{} must be an object, found {}", mwhere, json_type_name(*model));
-  if (const Json* type = field(*model, "type")) {
-    if (!type->is_string() || type->get<std::string>() != "BPE")
-      fail("{}: model type {} is not supported (only BPE)", mwhere, type->dump());
-  }
-  if (const Json* dropout = field(*model, "dropout"); dropout != nullptr && !dropout->is_null()) {
-    if (!dropout->is_number() || dropout->get<double>() != 0.0)
-      fail("{}: BPE dropout is not supported", mwhere);
-  }
+  const JsonObject model = root.object("model");
+  const std::string mwhere = model.where();
+  if (const auto type = model.find("type"); type && type->json() != "BPE")
+    fail("{}: model type {} is not supported (only BPE)", mwhere, type->json().dump());
+  if (const auto dropout = model.optional_number("dropout"); dropout && *dropout != 0.0)
+    fail("{}: BPE dropout is not supported", mwhere);
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    const Json* value = field(*model, key);
-    if (value != nullptr && !value->is_null() && !(value->is_string() && value->get<std::string>().empty()))
+    if (const auto value = model.find(key); value && value->json() != "")
       fail("{}: {} is not supported", mwhere, key);
   }
-  impl->ignore_merges = bool_field(*model, "ignore_merges", false, mwhere);
+  impl->ignore_merges = model.optional_boolean("ignore_merges").value_or(false);
 
-  const Json* vocab = field(*model, "vocab");
-  if (vocab == nullptr || !vocab->is_object()) fail("{}: \"vocab\" must be an object of token -> id", mwhere);
+  const JsonObject vocab = model.object("vocab");
   std::vector<std::string> spelling;  // id -> spelling, for conflict messages
   auto ensure_id = [&](std::int32_t id) {
     const auto size = static_cast<std::size_t>(id) + 1;
@@ -522,8 +483,9 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& wh
       spelling.resize(size);
     }
   };
-  for (const auto& [token, value] : vocab->items()) {
-    const std::int32_t id = id_value(value, fmt::format("{}: vocab[{:?}]", mwhere, token));
+  for (const auto& [token, value] : vocab.json().items()) {
+    const std::int32_t id =
+        read_token_id(JsonField(value, where, fmt::format("model.vocab[{:?}]", token), kTokenizerRules));
     ensure_id(id);
     if (impl->kind[static_cast<std::size_t>(id)] != Impl::kNone)
       fail("{}: duplicate id {} in vocab ({:?} and {:?})", mwhere, id, spelling[static_cast<std::size_t>(id)], token);
@@ -540,14 +502,13 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& wh
     impl->byte_id[b] = it->second;
   }
 
-  const Json* merges = field(*model, "merges");
-  if (merges == nullptr || !merges->is_array()) fail("{}: \"merges\" must be an array", mwhere);
-  for (std::size_t rank = 0; rank < merges->size(); ++rank) {
-    const Json& m = (*merges)[rank];
-    const std::string at = fmt::format("{}: merges[{}]", mwhere, rank);
+  const std::vector<JsonField> merges = model.array("merges");
+  for (std::size_t rank = 0; rank < merges.size(); ++rank) {
+    const Json& m = merges[rank].json();
+    const std::string at = merges[rank].where();
     std::string left, right;
     if (m.is_string()) {
-      const std::string line = m.get<std::string>();
+      const std::string& line = m.get_ref<const std::string&>();
       const auto space = line.find(' ');
       if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos)
         fail("{}: {:?} is not two tokens separated by one space", at, line);
@@ -557,7 +518,7 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& wh
       left = m[0].get<std::string>();
       right = m[1].get<std::string>();
     } else {
-      fail("{}: expected \"a b\" or [\"a\", \"b\"], found {}", at, m.dump());
+      merges[rank].wrong_type("\"a b\" or [\"a\", \"b\"]");
     }
     auto a = impl->vocab.find(left), b = impl->vocab.find(right), ab = impl->vocab.find(left + right);
     if (a == impl->vocab.end()) fail("{}: {:?} is not in the vocab", at, left);
@@ -569,21 +530,17 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& wh
   }
 
   // Added tokens.
-  if (const Json* added = field(j, "added_tokens"); added != nullptr && !added->is_null()) {
-    if (!added->is_array()) fail("{}: \"added_tokens\" must be an array", where);
-    for (std::size_t i = 0; i < added->size(); ++i) {
-      const Json& t = (*added)[i];
-      const std::string at = fmt::format("{}: added_tokens[{}]", where, i);
-      if (!t.is_object()) fail("{} must be an object, found {}", at, json_type_name(t));
-      const Json* id_json = field(t, "id");
-      if (id_json == nullptr) fail("{}: missing \"id\"", at);
-      const std::int32_t id = id_value(*id_json, at);
-      const std::string content = string_field(t, "content", at);
+  if (const auto added = root.optional_array("added_tokens")) {
+    for (const JsonField& item : *added) {
+      const JsonObject t = item.object();
+      const std::string at = t.where();
+      const std::int32_t id = read_token_id(t.get("id"));
+      const std::string content = t.string("content");
       if (content.empty()) fail("{}: empty content", at);
-      const bool special = bool_field(t, "special", false, at);
-      const bool normalized = bool_field(t, "normalized", !special, at);
+      const bool special = t.optional_boolean("special").value_or(false);
+      const bool normalized = t.optional_boolean("normalized").value_or(!special);
       for (const char* key : {"lstrip", "rstrip", "single_word"})
-        if (bool_field(t, key, false, at)) fail("{}: {}=true is not supported", at, key);
+        if (t.optional_boolean(key).value_or(false)) fail("{}: {}=true is not supported", at, key);
       ensure_id(id);
       auto& k = impl->kind[static_cast<std::size_t>(id)];
       const std::string& existing = spelling[static_cast<std::size_t>(id)];
@@ -602,8 +559,7 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& wh
   }
   // "post_processor" only acts with add_special_tokens=True, which encode() does not offer.
   for (const char* key : {"truncation", "padding"})
-    if (const Json* value = field(j, key); value != nullptr && !value->is_null())
-      fail("{}: \"{}\" is not supported (must be null)", where, key);
+    if (root.has(key)) fail("{}: \"{}\" is not supported (must be null)", where, key);
   return Tokenizer(std::move(impl));
 }
 

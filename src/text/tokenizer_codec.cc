@@ -3,6 +3,7 @@
 
 #include "common/error.h"
 #include "common/json_io.h"
+#include "common/json_reader.h"
 #include "text/text_codec.h"
 #include "text/tokenizer.h"
 
@@ -66,7 +67,8 @@ std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tok
   const std::filesystem::path config_json = tokenizer_json.parent_path() / "tokenizer_config.json";
   if (std::filesystem::exists(config_json)) {
     const Json tc = read_json_file(config_json);
-    if (auto it = tc.find("add_bos_token"); it != tc.end() && it->is_boolean()) add_bos = it->get<bool>();
+    const JsonObject fields(tc, config_json.string(), {.null_is_absent = true});
+    add_bos = fields.optional_boolean("add_bos_token").value_or(false);
   }
   return std::make_unique<TokenizerCodec>(std::move(tokenizer), vocab, add_bos);
 }

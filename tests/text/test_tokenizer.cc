@@ -404,7 +404,7 @@ TEST(TokenizerErrors, MalformedFiles) {
   {
     Json j = good;
     j.erase("model");
-    expect_error(j, "missing \"model\"");
+    expect_error(j, "missing field 'model'");
   }
   {
     Json j = good;
@@ -513,6 +513,16 @@ TEST(TokenizerErrors, MalformedFiles) {
     Json j = good;
     j["added_tokens"] = {{{"id", 300}, {"content", ""}}};
     expect_error(j, "empty content");
+  }
+  {
+    // Fields are read by the one JSON reader: source, field, expected and found.
+    Json j = good;
+    j["added_tokens"] = {{{"id", 300}, {"content", "<x>"}, {"special", "yes"}}};
+    expect_error(j, "bad/tokenizer.json: field 'added_tokens[0].special' must be true or false, found string");
+    j["added_tokens"] = {{{"id", 1.5}, {"content", "<x>"}}};
+    expect_error(j, "field 'added_tokens[0].id' must be an integer, found number 1.5");
+    j["added_tokens"] = {{{"content", "<x>"}}};
+    expect_error(j, "missing field 'added_tokens[0].id'");
   }
 }
 
