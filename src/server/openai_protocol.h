@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "common/json_io.h"
-#include "text/chat_encoding.h"
 #include "engine/request.h"
 #include "engine/sampling.h"
+#include "text/chat_encoding.h"
 #include "text/text_codec.h"
 
 namespace dsv4::server {
