@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/bpe_trainer.h"
-#include "engine/chat_encoding.h"
-#include "engine/tokenizer.h"
+#include "text/bpe_trainer.h"
+#include "text/chat_encoding.h"
+#include "text/tokenizer.h"
 
 namespace {
 

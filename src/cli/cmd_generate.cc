@@ -10,7 +10,7 @@
 #include "cli/commands.h"
 #include "cli/model_options.h"
 #include "common/error.h"
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <optional>
 

@@ -6,10 +6,10 @@
 
 #include "cli/commands.h"
 #include "common/error.h"
-#include "engine/bpe_trainer.h"
 #include "model/parameter_count.h"
 #include "model/presets.h"
 #include "model/synthetic_checkpoint.h"
+#include "text/bpe_trainer.h"
 
 namespace dsv4::cli {
 namespace {

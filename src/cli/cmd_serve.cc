@@ -46,7 +46,10 @@ void run_serve(const ServeOptions& o) {
   server::Server server(options, [model_options] {
     LoadedEngine loaded = load_engine(model_options);
     server::LoadedModel model;
-    model.codec = server::make_text_codec(loaded.model_dir, loaded.engine->model_config());
+    const ModelConfig& config = loaded.engine->model_config();
+    model.codec = make_text_codec(loaded.model_dir, {.size = config.vocab_size,
+                                                     .bos_id = static_cast<std::int32_t>(config.bos_token_id),
+                                                     .eos_id = static_cast<std::int32_t>(config.eos_token_id)});
     model.engine = std::move(loaded.engine);
     model.model_path = loaded.model_dir.string();
     return model;

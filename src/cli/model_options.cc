@@ -5,9 +5,9 @@
 
 #include "common/error.h"
 #include "cli/executor_factory.h"
-#include "engine/bpe_trainer.h"
 #include "model/presets.h"
 #include "model/synthetic_checkpoint.h"
+#include "text/bpe_trainer.h"
 
 namespace dsv4::cli {
 

@@ -2,93 +2,27 @@
 
 #include <fmt/ranges.h>
 
-#include <cmath>
 #include <limits>
 
 #include "common/error.h"
+#include "common/json_reader.h"
 
 namespace dsv4 {
 namespace {
 
-// Reads typed fields of one JSON object; every error names the field and the file.
-class FieldReader {
- public:
-  FieldReader(const Json& object, std::string where, std::string prefix = "")
-      : object_(object), where_(std::move(where)), prefix_(std::move(prefix)) {
-    if (!object_.is_object())
-      fail("{}: {}expected a JSON object, found {}", where_, prefix_.empty() ? "" : "'" + prefix_ + "': ",
-           json_type_name(object_));
-  }
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
-  const Json& get(const std::string& key) const {
-    auto it = object_.find(key);
-    if (it == object_.end()) fail("{}: missing field '{}'", where_, name(key));
-    return *it;
-  }
-  bool has(const std::string& key) const { return object_.contains(key); }
+// config.json as Hugging Face exports it: integers may be written as 65536.0; null is a value
+// (and so the wrong type for every field).
+constexpr JsonRules kConfigRules{.null_is_absent = false, .integral_floats = true};
 
-  std::int64_t integer(const std::string& key, std::int64_t min = 0,
-                       std::int64_t max = std::numeric_limits<std::int64_t>::max()) const {
-    return check_range(key, to_integer(key, get(key)), min, max);
-  }
-  double number(const std::string& key) const {
-    const Json& v = get(key);
-    if (!v.is_number()) fail("{}: field '{}' must be a number, found {}", where_, name(key), json_type_name(v));
-    double d = v.get<double>();
-    if (!std::isfinite(d)) fail("{}: field '{}' must be finite", where_, name(key));
-    return d;
-  }
-  double positive_number(const std::string& key) const {
-    double d = number(key);
-    if (!(d > 0)) fail("{}: field '{}' must be positive, found {}", where_, name(key), d);
-    return d;
-  }
-  std::string string(const std::string& key) const {
-    const Json& v = get(key);
-    if (!v.is_string()) fail("{}: field '{}' must be a string, found {}", where_, name(key), json_type_name(v));
-    return v.get<std::string>();
-  }
-  bool boolean(const std::string& key, bool fallback) const {
-    if (!has(key)) return fallback;
-    const Json& v = get(key);
-    if (!v.is_boolean()) fail("{}: field '{}' must be true or false, found {}", where_, name(key), json_type_name(v));
-    return v.get<bool>();
-  }
-  std::vector<std::int64_t> integer_array(const std::string& key) const {
-    const Json& v = get(key);
-    if (!v.is_array()) fail("{}: field '{}' must be an array, found {}", where_, name(key), json_type_name(v));
-    std::vector<std::int64_t> out;
-    for (std::size_t i = 0; i < v.size(); ++i) out.push_back(to_integer(fmt::format("{}[{}]", key, i), v[i]));
-    return out;
-  }
-  FieldReader object(const std::string& key) const { return FieldReader(get(key), where_, name(key)); }
-  std::string name(const std::string& key) const { return prefix_.empty() ? key : prefix_ + "." + key; }
-  const std::string& where() const { return where_; }
+double positive(const JsonObject& o, std::string_view key) { return o.number(key, 0, kInf, /*min_open=*/true); }
 
- private:
-  std::int64_t to_integer(const std::string& key, const Json& v) const {
-    if (v.is_number_integer()) {
-      if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))
-        fail("{}: field '{}' is too large", where_, name(key));
-      return v.get<std::int64_t>();
-    }
-    // Integral floats (65536.0) appear in some exported configs; accept them exactly.
-    if (v.is_number_float()) {
-      double d = v.get<double>();
-      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return static_cast<std::int64_t>(d);
-    }
-    fail("{}: field '{}' must be an integer, found {} {}", where_, name(key), json_type_name(v), v.dump());
-  }
-  std::int64_t check_range(const std::string& key, std::int64_t value, std::int64_t min, std::int64_t max) const {
-    if (value < min || value > max)
-      fail("{}: field '{}' = {} is out of range [{}, {}]", where_, name(key), value, min, max);
-    return value;
-  }
-
-  const Json& object_;
-  std::string where_;
-  std::string prefix_;
-};
+std::vector<std::int64_t> integers(const JsonObject& o, std::string_view key) {
+  std::vector<std::int64_t> out;
+  for (const JsonField& item : o.array(key)) out.push_back(item.integer());
+  return out;
+}
 
 bool is_power_of_two(std::int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 
@@ -166,7 +100,7 @@ void validate(const ModelConfig& c, const std::string& where) {
 }  // namespace
 
 ModelConfig ModelConfig::from_json(const Json& json, const std::string& where) {
-  FieldReader f(json, where);
+  const JsonObject f(json, where, kConfigRules);
   constexpr std::int64_t kBig = std::int64_t{1} << 40;
   ModelConfig c;
   c.hidden_size = f.integer("hidden_size", 1, 1 << 20);
@@ -184,10 +118,10 @@ ModelConfig ModelConfig::from_json(const Json& json, const std::string& where) {
   c.index_n_heads = f.integer("index_n_heads", 1, 4096);
   c.index_head_dim = f.integer("index_head_dim", 1, 1 << 16);
   c.index_topk = f.integer("index_topk", 1, 1 << 24);
-  c.rope_theta = f.positive_number("rope_theta");
-  c.compress_rope_theta = f.positive_number("compress_rope_theta");
+  c.rope_theta = positive(f, "rope_theta");
+  c.compress_rope_theta = positive(f, "compress_rope_theta");
   {
-    FieldReader r = f.object("rope_scaling");
+    const JsonObject r = f.object("rope_scaling");
     if (r.has("type")) {
       c.rope_scaling.type = r.string("type");
     } else if (r.has("rope_type")) {
@@ -195,32 +129,32 @@ ModelConfig ModelConfig::from_json(const Json& json, const std::string& where) {
     } else {
       fail("{}: missing field 'rope_scaling.type' (or 'rope_scaling.rope_type')", where);
     }
-    c.rope_scaling.factor = r.positive_number("factor");
+    c.rope_scaling.factor = positive(r, "factor");
     c.rope_scaling.original_max_position_embeddings = r.integer("original_max_position_embeddings", 1, kBig);
-    c.rope_scaling.beta_fast = r.positive_number("beta_fast");
-    c.rope_scaling.beta_slow = r.positive_number("beta_slow");
+    c.rope_scaling.beta_fast = positive(r, "beta_fast");
+    c.rope_scaling.beta_slow = positive(r, "beta_slow");
   }
   c.max_position_embeddings = f.integer("max_position_embeddings", 1, kBig);
-  c.rms_norm_eps = f.positive_number("rms_norm_eps");
-  c.hc_eps = f.positive_number("hc_eps");
+  c.rms_norm_eps = positive(f, "rms_norm_eps");
+  c.hc_eps = positive(f, "hc_eps");
   c.n_routed_experts = f.integer("n_routed_experts", 1, 1 << 16);
   c.n_shared_experts = f.integer("n_shared_experts", 0, 64);
   c.num_experts_per_tok = f.integer("num_experts_per_tok", 1, 1 << 16);
   c.moe_intermediate_size = f.integer("moe_intermediate_size", 1, 1 << 20);
   c.scoring_func = f.string("scoring_func");
-  c.routed_scaling_factor = f.positive_number("routed_scaling_factor");
+  c.routed_scaling_factor = positive(f, "routed_scaling_factor");
   c.num_hash_layers = f.integer("num_hash_layers", 0, 4096);
-  c.swiglu_limit = f.positive_number("swiglu_limit");
+  c.swiglu_limit = positive(f, "swiglu_limit");
   c.hc_mult = f.integer("hc_mult", 1, 64);
   c.hc_sinkhorn_iters = f.integer("hc_sinkhorn_iters", 1, 1000);
   c.expert_dtype = f.string("expert_dtype");
   {
-    FieldReader q = f.object("quantization_config");
+    const JsonObject q = f.object("quantization_config");
     c.quantization.quant_method = q.string("quant_method");
     c.quantization.fmt = q.string("fmt");
     c.quantization.scale_fmt = q.string("scale_fmt");
-    c.quantization.activation_scheme = q.has("activation_scheme") ? q.string("activation_scheme") : "dynamic";
-    auto block = q.integer_array("weight_block_size");
+    c.quantization.activation_scheme = q.optional_string("activation_scheme").value_or("dynamic");
+    const std::vector<std::int64_t> block = integers(q, "weight_block_size");
     if (block.size() != 2)
       fail("{}: field 'quantization_config.weight_block_size' must have 2 entries, found {}", where, block.size());
     c.quantization.weight_block_rows = block[0];
@@ -228,8 +162,8 @@ ModelConfig ModelConfig::from_json(const Json& json, const std::string& where) {
   }
   c.bos_token_id = f.integer("bos_token_id", 0, 1 << 24);
   c.eos_token_id = f.integer("eos_token_id", 0, 1 << 24);
-  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
-  c.compress_ratios = f.integer_array("compress_ratios");
+  c.tie_word_embeddings = f.optional_boolean("tie_word_embeddings").value_or(false);
+  c.compress_ratios = integers(f, "compress_ratios");
   validate(c, where);
   return c;
 }

@@ -71,74 +71,6 @@ std::string supported_dtype_names() {
   return fmt::format("{}", fmt::join(names, ", "));
 }
 
-// ---- duplicate keys ----
-//
-// nlohmann::json keeps the last of repeated object keys without a word, so a header could
-// list a tensor twice and have one entry silently win. This SAX pass over text that
-// parse_json has already accepted (so well-formed and shallow) finds the first repeated key
-// and the keys leading to it.
-class DuplicateKeyFinder {
- public:
-  bool null() { return true; }
-  bool boolean(bool /*value*/) { return true; }
-  bool number_integer(Json::number_integer_t /*value*/) { return true; }
-  bool number_unsigned(Json::number_unsigned_t /*value*/) { return true; }
-  bool number_float(Json::number_float_t /*value*/, const Json::string_t& /*text*/) { return true; }
-  bool string(Json::string_t& /*value*/) { return true; }
-  bool binary(Json::binary_t& /*value*/) { return true; }
-  bool start_object(std::size_t /*elements*/) {
-    frames_.push_back(Frame{true, {}, {}});
-    return true;
-  }
-  bool key(Json::string_t& key) {
-    Frame& frame = frames_.back();
-    if (!frame.keys.insert(key).second) {
-      std::vector<std::string> path;
-      for (std::size_t i = 0; i + 1 < frames_.size(); ++i) {
-        path.push_back(frames_[i].is_object ? frames_[i].last_key : std::string("[]"));
-      }
-      path.push_back(key);
-      duplicate = std::move(path);
-      return false;
-    }
-    frame.last_key = key;
-    return true;
-  }
-  bool end_object() {
-    frames_.pop_back();
-    return true;
-  }
-  bool start_array(std::size_t /*elements*/) {
-    frames_.push_back(Frame{false, {}, {}});
-    return true;
-  }
-  bool end_array() {
-    frames_.pop_back();
-    return true;
-  }
-  bool parse_error(std::size_t /*position*/, const std::string& /*token*/,
-                   const Json::exception& /*error*/) {
-    return false;
-  }
-
-  std::optional<std::vector<std::string>> duplicate;  // keys from the root to the repeated one
-
- private:
-  struct Frame {
-    bool is_object;
-    std::unordered_set<std::string> keys;
-    std::string last_key;
-  };
-  std::vector<Frame> frames_;
-};
-
-std::optional<std::vector<std::string>> find_duplicate_key(std::string_view text) {
-  DuplicateKeyFinder finder;
-  bool complete = Json::sax_parse(text.begin(), text.end(), &finder);
-  static_cast<void>(complete);  // false exactly when a duplicate stopped the pass
-  return finder.duplicate;
-}
-
 // ---- reading ----
 
 struct Range {
@@ -390,17 +322,19 @@ SafetensorsFile SafetensorsFile::parse(std::span<const std::uint8_t> image, cons
   }
   const auto header_size = static_cast<std::size_t>(header_len);
   std::string_view text(reinterpret_cast<const char*>(image.data()) + 8, header_size);
-  Json header = parse_json(text, where + ": header", kMaxHeaderDepth);
-  if (!header.is_object()) {
-    fail("{}: header: expected a JSON object of tensors, found {}", where, describe(header));
-  }
-  if (auto duplicate = find_duplicate_key(text)) {
-    const auto& path = *duplicate;
+  Json header;
+  try {
+    header = parse_json(text, where + ": header", kMaxHeaderDepth);
+  } catch (const DuplicateKeyError& e) {  // said in the header's terms: tensors and their fields
+    const auto& path = e.path();
     if (path.size() == 1) fail("{}: header: tensor '{}' is listed more than once", where, path[0]);
     if (path[0] == kMetadataKey) {
       fail("{}: header: __metadata__ key '{}' is listed more than once", where, path.back());
     }
     fail("{}: tensor '{}': key '{}' is listed more than once", where, path[0], path.back());
+  }
+  if (!header.is_object()) {
+    fail("{}: header: expected a JSON object of tensors, found {}", where, describe(header));
   }
 
   const std::span<const std::uint8_t> data = image.subspan(8 + header_size);
@@ -468,12 +402,8 @@ Checkpoint Checkpoint::open(const std::filesystem::path& dir) {
   if (fs::exists(index_path, ec)) {
     const std::string where = index_path.string();
     const std::string text = read_text_file(index_path);
-    const Json index = parse_json(text, where);
+    const Json index = parse_json(text, where);  // a repeated key: "key 'x' is listed more than once in ..."
     if (!index.is_object()) fail("{}: expected a JSON object with \"weight_map\", found {}", where, describe(index));
-    if (auto duplicate = find_duplicate_key(text)) {
-      fail("{}: key '{}' is listed more than once{}", where, duplicate->back(),
-           duplicate->size() > 1 ? fmt::format(" in \"{}\"", (*duplicate)[0]) : std::string());
-    }
     auto weight_map = index.find("weight_map");
     if (weight_map == index.end() || !weight_map->is_object()) {
       fail("{}: expected \"weight_map\" to be an object of tensor name to shard file, found {}",

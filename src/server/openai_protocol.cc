@@ -3,10 +3,11 @@
 
 #include <fmt/format.h>
 
-#include <cmath>
 #include <limits>
 
 #include "common/error.h"
+#include "common/json_reader.h"
+#include "text/utf8.h"
 
 namespace dsv4::server {
 
@@ -35,105 +36,61 @@ Json error_json(const ApiError& e) {
 
 namespace {
 
+// Request bodies: null means absent, as in OpenAI's API.
+constexpr const char* kBody = "the request body";
+constexpr JsonRules kBodyRules{.null_is_absent = true};
+constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
+
 [[noreturn]] void bad(const std::string& param, const std::string& code, std::string message) {
   throw_api_error(400, std::move(message), param, code);
-}
-
-[[noreturn]] void wrong_type(const std::string& param, std::string_view expected, const Json& found) {
-  const std::string type = json_type_name(found);
-  const char* article = type == "null" ? "" : (type == "integer" || type == "object" || type == "array") ? "an " : "a ";
-  bad(param, "invalid_type",
-      fmt::format("Invalid type for '{}': expected {}, but got {}{} instead.", param, expected, article, type));
 }
 
 [[noreturn]] void unsupported(const std::string& param, std::string_view what) {
   bad(param, "unsupported_parameter", fmt::format("Unsupported parameter '{}': {}", param, what));
 }
 
-// Reads the optional fields of one JSON object; null counts as absent.
-class Fields {
- public:
-  explicit Fields(const Json& object) : object_(object) {}
-
-  const Json* get(const char* name) const {
-    auto it = object_.find(name);
-    if (it == object_.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-
-  std::optional<bool> boolean(const char* name) const {
-    const Json* v = get(name);
-    if (!v) return std::nullopt;
-    if (!v->is_boolean()) wrong_type(name, "a boolean", *v);
-    return v->get<bool>();
-  }
-
-  std::optional<std::string> string(const char* name) const {
-    const Json* v = get(name);
-    if (!v) return std::nullopt;
-    if (!v->is_string()) wrong_type(name, "a string", *v);
-    return v->get<std::string>();
-  }
-
-  std::optional<std::int64_t> integer(const char* name, std::int64_t lo, std::int64_t hi) const {
-    const Json* v = get(name);
-    if (!v) return std::nullopt;
-    return integer_value(name, *v, lo, hi);
-  }
-
-  std::optional<double> number(const char* name, double lo, double hi, bool lo_open = false) const {
-    const Json* v = get(name);
-    if (!v) return std::nullopt;
-    if (!v->is_number()) wrong_type(name, "a number", *v);
-    const double x = v->get<double>();
-    if (!std::isfinite(x) || x < lo || (lo_open && x == lo) || x > hi) {
-      bad(name, "invalid_value",
-          fmt::format("Invalid value for '{}': expected a number in {}{}, {}], but got {}.", name, lo_open ? "(" : "[",
-                      lo, hi, x));
+// A field the JSON reader refused, in OpenAI's words: its message, the field as "param" and
+// the code (missing_required_parameter, invalid_type, invalid_value).
+ApiError api_error(const JsonFieldError& e) {
+  switch (e.kind()) {
+    case JsonFieldError::Kind::kMissing:
+      return {400, fmt::format("Missing required parameter: '{}'.", e.field()), {}, e.field(),
+              "missing_required_parameter"};
+    case JsonFieldError::Kind::kWrongType: {
+      const std::string_view found = e.found();
+      const char* article = found.starts_with("null")                                             ? ""
+                            : found.starts_with("integer") || found.starts_with("object") ||
+                                      found.starts_with("array")                                  ? "an "
+                                                                                                  : "a ";
+      return {400, fmt::format("Invalid type for '{}': expected {}, but got {}{} instead.", e.field(), e.expected(),
+                               article, found),
+              {}, e.field(), "invalid_type"};
     }
-    return x;
+    case JsonFieldError::Kind::kOutOfRange:
+      break;
   }
-
-  static std::int64_t integer_value(const std::string& name, const Json& v, std::int64_t lo, std::int64_t hi) {
-    if (v.is_number_unsigned()) {
-      const auto u = v.get<std::uint64_t>();
-      if (u > static_cast<std::uint64_t>(hi) || (lo > 0 && u < static_cast<std::uint64_t>(lo))) {
-        out_of_range(name, lo, hi, fmt::format("{}", u));
-      }
-      return static_cast<std::int64_t>(u);
-    }
-    if (!v.is_number_integer()) wrong_type(name, "an integer", v);
-    const auto i = v.get<std::int64_t>();
-    if (i < lo || i > hi) out_of_range(name, lo, hi, fmt::format("{}", i));
-    return i;
-  }
-
- private:
-  [[noreturn]] static void out_of_range(const std::string& name, std::int64_t lo, std::int64_t hi,
-                                        const std::string& found) {
-    const std::string range = hi == std::numeric_limits<std::int64_t>::max() ? fmt::format(">= {}", lo)
-                                                                              : fmt::format("in [{}, {}]", lo, hi);
-    bad(name, "invalid_value", fmt::format("Invalid value for '{}': expected an integer {}, but got {}.", name, range, found));
-  }
-
-  const Json& object_;
-};
-
-constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
-
-std::int32_t token_id(const std::string& param, const Json& v, std::int64_t vocab) {
-  return static_cast<std::int32_t>(Fields::integer_value(param, v, 0, vocab - 1));
+  return {400, fmt::format("Invalid value for '{}': expected {}, but got {}.", e.field(), e.expected(), e.found()), {},
+          e.field(), "invalid_value"};
 }
 
-void parse_prompt(const Json& body, ApiRequest& r, const ProtocolLimits& limits) {
-  auto it = body.find("prompt");
-  if (it == body.end() || it->is_null()) bad("prompt", "missing_required_parameter", "Missing required parameter: 'prompt'.");
-  const Json& p = *it;
+// A value read under a name of our choosing (array elements that OpenAI reports as the array).
+JsonField body_field(const Json& value, std::string param) {
+  return JsonField(value, kBody, std::move(param), kBodyRules);
+}
+
+std::int32_t token_id(const JsonField& v, std::int64_t vocab) {
+  return static_cast<std::int32_t>(v.integer(0, vocab - 1));
+}
+
+void parse_prompt(const JsonObject& body, ApiRequest& r, const ProtocolLimits& limits) {
+  constexpr std::string_view kPromptTypes = "a string, an array of strings or an array of token ids";
+  const JsonField prompt = body.get("prompt");
+  const Json& p = prompt.json();
   if (p.is_string()) {
     r.prompt_text = p.get<std::string>();
     return;
   }
-  if (!p.is_array()) wrong_type("prompt", "a string, an array of strings or an array of token ids", p);
+  if (!p.is_array()) prompt.wrong_type(kPromptTypes);
   if (p.empty()) bad("prompt", "invalid_value", "Invalid 'prompt': the array is empty.");
   const Json* tokens = &p;
   if (p[0].is_string() || p[0].is_array()) {
@@ -149,173 +106,218 @@ void parse_prompt(const Json& body, ApiRequest& r, const ProtocolLimits& limits)
     if (tokens->empty()) bad("prompt", "invalid_value", "Invalid 'prompt': the token id array is empty.");
   }
   r.prompt_tokens.reserve(tokens->size());
-  for (std::size_t i = 0; i < tokens->size(); ++i) {
-    const Json& t = (*tokens)[i];
-    if (!t.is_number_integer() && !t.is_number_unsigned()) {
-      wrong_type("prompt", "a string, an array of strings or an array of token ids", t);
-    }
-    r.prompt_tokens.push_back(token_id("prompt", t, limits.vocab_size));
+  for (const Json& t : *tokens) {
+    const JsonField token = body_field(t, "prompt");
+    if (!t.is_number_integer()) token.wrong_type(kPromptTypes);
+    r.prompt_tokens.push_back(token_id(token, limits.vocab_size));
   }
 }
 
-std::string message_content(const Json& content, const std::string& where) {
-  if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) wrong_type(where, "a string or an array of content parts", content);
+std::string message_content(const JsonField& content) {
+  if (content.json().is_string()) return content.json().get<std::string>();
+  if (!content.json().is_array()) content.wrong_type("a string or an array of content parts");
   std::string text;
-  for (std::size_t i = 0; i < content.size(); ++i) {
-    const Json& part = content[i];
-    const std::string at = fmt::format("{}[{}]", where, i);
-    if (!part.is_object()) wrong_type(at, "an object", part);
-    auto type = part.find("type");
-    if (type == part.end() || !type->is_string()) bad(at + ".type", "invalid_value", fmt::format("Invalid '{}.type': expected a string.", at));
-    if (*type != "text") {
-      unsupported(at + ".type", fmt::format("content parts of type '{}' are not supported; only 'text' is.",
-                                            type->get<std::string>()));
+  for (const JsonField& item : content.array()) {
+    const JsonObject part = item.object();
+    const std::string type = part.string("type");
+    if (type != "text") {
+      unsupported(part.path("type"), fmt::format("content parts of type '{}' are not supported; only 'text' is.", type));
     }
-    auto t = part.find("text");
-    if (t == part.end() || !t->is_string()) bad(at + ".text", "invalid_value", fmt::format("Invalid '{}.text': expected a string.", at));
-    text += t->get<std::string>();
+    text += part.string("text");
   }
   return text;
 }
 
-void parse_messages(const Json& body, ApiRequest& r, const ProtocolLimits& limits) {
-  auto it = body.find("messages");
-  if (it == body.end() || it->is_null()) bad("messages", "missing_required_parameter", "Missing required parameter: 'messages'.");
-  if (!it->is_array()) wrong_type("messages", "an array", *it);
-  if (it->empty()) bad("messages", "invalid_value", "Invalid 'messages': expected a non-empty array.");
-  if (it->size() > limits.max_messages) {
-    bad("messages", "invalid_value", fmt::format("Invalid 'messages': {} messages, more than {}.", it->size(), limits.max_messages));
+void parse_messages(const JsonObject& body, ApiRequest& r, const ProtocolLimits& limits) {
+  const std::vector<JsonField> messages = body.array("messages");
+  if (messages.empty()) bad("messages", "invalid_value", "Invalid 'messages': expected a non-empty array.");
+  if (messages.size() > limits.max_messages) {
+    bad("messages", "invalid_value",
+        fmt::format("Invalid 'messages': {} messages, more than {}.", messages.size(), limits.max_messages));
   }
-  for (std::size_t i = 0; i < it->size(); ++i) {
-    const Json& m = (*it)[i];
-    const std::string at = fmt::format("messages[{}]", i);
-    if (!m.is_object()) wrong_type(at, "an object", m);
+  for (const JsonField& item : messages) {
+    const JsonObject m = item.object();
+    const std::string& at = item.path();
     ChatMessage message;
-    auto role = m.find("role");
-    if (role == m.end() || role->is_null()) bad(at + ".role", "missing_required_parameter", fmt::format("Missing required parameter: '{}.role'.", at));
-    if (!role->is_string()) wrong_type(at + ".role", "a string", *role);
-    message.role = role->get<std::string>();
+    message.role = m.string("role");
     if (message.role != "system" && message.role != "developer" && message.role != "user" &&
         message.role != "assistant" && message.role != "tool") {
       bad(at + ".role", "invalid_value",
           fmt::format("Invalid value for '{}.role': '{}'; expected one of system, developer, user, assistant, tool.", at,
                       message.role));
     }
-    auto content = m.find("content");
-    if (content == m.end() || content->is_null()) {
-      if (message.role != "assistant") {
-        bad(at + ".content", "missing_required_parameter", fmt::format("Missing required parameter: '{}.content'.", at));
-      }
-    } else {
-      message.content = message_content(*content, at + ".content");
+    if (const auto content = m.find("content")) {
+      message.content = message_content(*content);
+    } else if (message.role != "assistant") {
+      (void)m.get("content");  // missing: only the assistant may leave it out
     }
-    if (auto rc = m.find("reasoning_content"); rc != m.end() && !rc->is_null()) {
-      if (!rc->is_string()) wrong_type(at + ".reasoning_content", "a string", *rc);
-      message.reasoning_content = rc->get<std::string>();
-    }
-    if (auto tc = m.find("tool_calls"); tc != m.end() && !tc->is_null()) {
-      if (!tc->is_array()) wrong_type(at + ".tool_calls", "an array", *tc);
-      for (std::size_t k = 0; k < tc->size(); ++k) {
-        const Json& call = (*tc)[k];
-        const std::string cat = fmt::format("{}.tool_calls[{}]", at, k);
-        if (!call.is_object()) wrong_type(cat, "an object", call);
-        const Fields cf(call);
+    message.reasoning_content = m.optional_string("reasoning_content").value_or("");
+    if (const auto calls = m.optional_array("tool_calls")) {
+      for (const JsonField& call_field : *calls) {
+        const JsonObject call = call_field.object();
+        const JsonObject fn = call.object("function");
         ToolCall tool;
-        tool.id = cf.string("id").value_or("");
-        const Json* fn = cf.get("function");
-        if (!fn) bad(cat + ".function", "missing_required_parameter", fmt::format("Missing required parameter: '{}.function'.", cat));
-        if (!fn->is_object()) wrong_type(cat + ".function", "an object", *fn);
-        const Fields ff(*fn);
-        auto name = ff.string("name");
-        if (!name) bad(cat + ".function.name", "missing_required_parameter", fmt::format("Missing required parameter: '{}.function.name'.", cat));
-        tool.name = *name;
-        tool.arguments = ff.string("arguments").value_or("{}");
+        tool.id = call.optional_string("id").value_or("");
+        tool.name = fn.string("name");
+        tool.arguments = fn.optional_string("arguments").value_or("{}");
         message.tool_calls.push_back(std::move(tool));
       }
     }
-    if (auto id = m.find("tool_call_id"); id != m.end() && !id->is_null()) {
-      if (!id->is_string()) wrong_type(at + ".tool_call_id", "a string", *id);
-      message.tool_call_id = id->get<std::string>();
-    }
-    if (auto name = m.find("name"); name != m.end() && !name->is_null()) {
-      if (!name->is_string()) wrong_type(at + ".name", "a string", *name);
-      message.name = name->get<std::string>();
-    }
+    message.tool_call_id = m.optional_string("tool_call_id").value_or("");
+    message.name = m.optional_string("name").value_or("");
     r.messages.push_back(std::move(message));
   }
 }
 
-void parse_stop(const Fields& f, ApiRequest& r, const ProtocolLimits& limits) {
-  const Json* stop = f.get("stop");
+void parse_stop(const JsonObject& f, ApiRequest& r, const ProtocolLimits& limits) {
+  constexpr std::string_view kStopTypes = "a string or an array of strings";
+  const auto stop = f.find("stop");
   if (!stop) return;
-  if (stop->is_string()) {
-    r.stop.push_back(stop->get<std::string>());
-  } else if (stop->is_array()) {
-    if (stop->size() > limits.max_stop) {
-      bad("stop", "invalid_value", fmt::format("Invalid 'stop': {} stop strings, at most {} are allowed.", stop->size(), limits.max_stop));
+  const Json& value = stop->json();
+  if (value.is_string()) {
+    r.stop.push_back(value.get<std::string>());
+  } else if (value.is_array()) {
+    if (value.size() > limits.max_stop) {
+      bad("stop", "invalid_value",
+          fmt::format("Invalid 'stop': {} stop strings, at most {} are allowed.", value.size(), limits.max_stop));
     }
-    for (const Json& s : *stop) {
-      if (!s.is_string()) wrong_type("stop", "a string or an array of strings", s);
+    for (const Json& s : value) {
+      if (!s.is_string()) body_field(s, "stop").wrong_type(kStopTypes);
       r.stop.push_back(s.get<std::string>());
     }
   } else {
-    wrong_type("stop", "a string or an array of strings", *stop);
+    stop->wrong_type(kStopTypes);
   }
   for (const std::string& s : r.stop) {
     if (s.empty()) bad("stop", "invalid_value", "Invalid 'stop': stop strings must not be empty.");
   }
 }
 
-void parse_tools(const Fields& f, ApiRequest& r) {
-  const Json* tools = f.get("tools");
+void parse_tools(const JsonObject& f, ApiRequest& r) {
+  const auto tools = f.optional_array("tools");
   if (!tools) return;
-  if (!tools->is_array()) wrong_type("tools", "an array", *tools);
-  for (std::size_t i = 0; i < tools->size(); ++i) {
-    const Json& tool = (*tools)[i];
-    const std::string at = fmt::format("tools[{}]", i);
-    if (!tool.is_object()) wrong_type(at, "an object", tool);
-    const Fields t(tool);
-    if (auto type = t.string("type"); type && *type != "function") {
-      unsupported(at + ".type", fmt::format("tools of type '{}' are not supported; only 'function' is.", *type));
+  for (const JsonField& item : *tools) {
+    const JsonObject tool = item.object();
+    if (auto type = tool.optional_string("type"); type && *type != "function") {
+      unsupported(tool.path("type"), fmt::format("tools of type '{}' are not supported; only 'function' is.", *type));
     }
-    const Json* fn = t.get("function");
-    if (!fn) bad(at + ".function", "missing_required_parameter", fmt::format("Missing required parameter: '{}.function'.", at));
-    if (!fn->is_object()) wrong_type(at + ".function", "an object", *fn);
-    if (!Fields(*fn).string("name")) {
-      bad(at + ".function.name", "missing_required_parameter", fmt::format("Missing required parameter: '{}.function.name'.", at));
-    }
+    (void)tool.object("function").string("name");
   }
-  if (const Json* choice = f.get("tool_choice")) {
-    if (!choice->is_string()) unsupported("tool_choice", "only \"auto\" and \"none\" are supported.");
-    const std::string c = choice->get<std::string>();
+  if (const auto choice = f.find("tool_choice")) {
+    if (!choice->json().is_string()) unsupported("tool_choice", "only \"auto\" and \"none\" are supported.");
+    const std::string c = choice->json().get<std::string>();
     if (c == "none") return;  // the model is not told about the tools
     if (c != "auto") unsupported("tool_choice", "only \"auto\" and \"none\" are supported.");
   }
-  if (!tools->empty()) r.tools = nlohmann::ordered_json(*tools);  // keys sorted; see parse_api_request
+  if (!tools->empty()) r.tools = OrderedJson(f.get("tools").json());  // keys sorted; see parse_api_request
 }
 
-void refuse_unsupported(const Fields& f, Endpoint endpoint) {
-  if (auto n = f.integer("n", 1, kInt64Max); n && *n != 1) unsupported("n", "only n = 1 is supported.");
-  if (auto b = f.integer("best_of", 1, kInt64Max); b && *b != 1) unsupported("best_of", "only best_of = 1 is supported.");
-  if (auto p = f.number("presence_penalty", -2, 2); p && *p != 0) unsupported("presence_penalty", "penalties are not supported.");
-  if (auto p = f.number("frequency_penalty", -2, 2); p && *p != 0) unsupported("frequency_penalty", "penalties are not supported.");
-  if (auto p = f.number("repetition_penalty", 0, 1e9, true); p && *p != 1) unsupported("repetition_penalty", "penalties are not supported.");
-  if (auto m = f.integer("min_tokens", 0, kInt64Max); m && *m != 0) unsupported("min_tokens", "min_tokens is not supported.");
-  if (const Json* bias = f.get("logit_bias")) {
-    if (!bias->is_object()) wrong_type("logit_bias", "an object", *bias);
-    if (!bias->empty()) unsupported("logit_bias", "logit_bias is not supported.");
+void refuse_unsupported(const JsonObject& f, Endpoint endpoint) {
+  if (auto n = f.optional_integer("n", 1, kInt64Max); n && *n != 1) unsupported("n", "only n = 1 is supported.");
+  if (auto b = f.optional_integer("best_of", 1, kInt64Max); b && *b != 1) {
+    unsupported("best_of", "only best_of = 1 is supported.");
+  }
+  if (auto p = f.optional_number("presence_penalty", -2, 2); p && *p != 0) {
+    unsupported("presence_penalty", "penalties are not supported.");
+  }
+  if (auto p = f.optional_number("frequency_penalty", -2, 2); p && *p != 0) {
+    unsupported("frequency_penalty", "penalties are not supported.");
+  }
+  if (auto p = f.optional_number("repetition_penalty", 0, 1e9, /*min_open=*/true); p && *p != 1) {
+    unsupported("repetition_penalty", "penalties are not supported.");
+  }
+  if (auto m = f.optional_integer("min_tokens", 0, kInt64Max); m && *m != 0) {
+    unsupported("min_tokens", "min_tokens is not supported.");
+  }
+  if (auto bias = f.optional_object("logit_bias"); bias && !bias->json().empty()) {
+    unsupported("logit_bias", "logit_bias is not supported.");
   }
   if (endpoint == Endpoint::kCompletions) {
-    if (auto echo = f.boolean("echo"); echo && *echo) unsupported("echo", "echo is not supported.");
-    if (auto suffix = f.string("suffix"); suffix && !suffix->empty()) unsupported("suffix", "suffix is not supported.");
+    if (auto echo = f.optional_boolean("echo"); echo && *echo) unsupported("echo", "echo is not supported.");
+    if (auto suffix = f.optional_string("suffix"); suffix && !suffix->empty()) {
+      unsupported("suffix", "suffix is not supported.");
+    }
   } else {
-    if (const Json* format = f.get("response_format")) {
-      if (!format->is_object()) wrong_type("response_format", "an object", *format);
-      auto type = format->find("type");
-      if (type == format->end() || *type != "text") unsupported("response_format", "only {\"type\": \"text\"} is supported.");
+    if (const auto format = f.optional_object("response_format")) {
+      const auto type = format->find("type");
+      if (!type || type->json() != "text") unsupported("response_format", "only {\"type\": \"text\"} is supported.");
     }
   }
+}
+
+ApiRequest parse_fields(const JsonObject& f, Endpoint endpoint, const ProtocolLimits& limits) {
+  const bool chat = endpoint == Endpoint::kChat;
+  ApiRequest r;
+  r.endpoint = endpoint;
+  r.model = f.optional_string("model").value_or("");
+  if (chat) {
+    parse_messages(f, r, limits);
+  } else {
+    parse_prompt(f, r, limits);
+  }
+  refuse_unsupported(f, endpoint);
+
+  r.stream = f.optional_boolean("stream").value_or(false);
+  if (const auto options = f.optional_object("stream_options")) {
+    if (!r.stream) bad("stream_options", "invalid_value", "Invalid 'stream_options': only allowed when 'stream' is true.");
+    r.include_usage = options->optional_boolean("include_usage").value_or(false);
+    r.continuous_usage = options->optional_boolean("continuous_usage_stats").value_or(false);
+  }
+
+  SamplingParams& s = r.sampling;
+  // Legacy completions default to 16 tokens (as OpenAI and vLLM); chat runs to the context end.
+  if (chat) {
+    auto max_completion = f.optional_integer("max_completion_tokens", 1, kInt64Max);
+    s.max_tokens = max_completion ? max_completion : f.optional_integer("max_tokens", 1, kInt64Max);
+  } else {
+    s.max_tokens = f.optional_integer("max_tokens", 1, kInt64Max).value_or(16);
+  }
+  s.temperature = f.optional_number("temperature", 0, 2).value_or(1.0);
+  s.top_p = f.optional_number("top_p", 0, 1, /*min_open=*/true).value_or(1.0);
+  s.top_k = f.optional_integer("top_k", -1, kInt64Max).value_or(0);
+  if (auto seed = f.optional_integer("seed")) s.seed = static_cast<std::uint64_t>(*seed);
+  s.ignore_eos = f.optional_boolean("ignore_eos").value_or(false);
+  if (const auto ids = f.find("stop_token_ids")) {
+    if (!ids->json().is_array()) ids->wrong_type("an array of token ids");
+    for (const Json& id : ids->json()) {
+      s.stop_token_ids.push_back(token_id(body_field(id, "stop_token_ids"), limits.vocab_size));
+    }
+  }
+  parse_stop(f, r, limits);
+  r.include_stop_str_in_output = f.optional_boolean("include_stop_str_in_output").value_or(false);
+  r.skip_special_tokens = f.optional_boolean("skip_special_tokens").value_or(true);
+  r.return_token_ids = f.optional_boolean("return_token_ids").value_or(false);
+  (void)f.optional_string("user");
+
+  if (chat) {
+    parse_tools(f, r);
+    if (const auto kwargs = f.optional_object("chat_template_kwargs")) {
+      r.thinking = kwargs->optional_boolean("thinking").value_or(
+          kwargs->optional_boolean("enable_thinking").value_or(false));
+    }
+    r.add_generation_prompt = f.optional_boolean("add_generation_prompt").value_or(true);
+    r.continue_final_message = f.optional_boolean("continue_final_message").value_or(false);
+    if (r.continue_final_message && r.add_generation_prompt && f.has("add_generation_prompt")) {
+      bad("continue_final_message", "invalid_value",
+          "Invalid 'continue_final_message': cannot be combined with 'add_generation_prompt' = true.");
+    }
+    if (r.continue_final_message) {
+      r.add_generation_prompt = false;
+      if (r.messages.back().role != "assistant") {
+        bad("continue_final_message", "invalid_value", "Invalid 'continue_final_message': the last message must be the assistant's.");
+      }
+    }
+    r.logprobs = f.optional_boolean("logprobs").value_or(false);
+    auto top = f.optional_integer("top_logprobs", 0, limits.max_logprobs);
+    if (top && !r.logprobs) bad("top_logprobs", "invalid_value", "Invalid 'top_logprobs': requires 'logprobs' to be true.");
+    if (r.logprobs) s.logprobs = top.value_or(0);
+  } else {
+    if (auto n = f.optional_integer("logprobs", 0, limits.max_logprobs)) {
+      r.logprobs = true;
+      s.logprobs = *n;
+    }
+  }
+  return r;
 }
 
 }  // namespace
@@ -323,14 +325,14 @@ void refuse_unsupported(const Fields& f, Endpoint endpoint) {
 ApiRequest parse_api_request(std::string_view body, Endpoint endpoint, const ProtocolLimits& limits) {
   Json json;
   try {
-    json = parse_json(body, "the request body");
+    json = parse_json(body, kBody);
   } catch (const Error& e) {
     throw_api_error(400, fmt::format("We could not parse the JSON body of your request: {}", e.what()), {}, "invalid_json");
   }
   ApiRequest request = parse_api_json(json, endpoint, limits);
   if (!request.tools.is_null()) {
     // Tool schemas are rendered in the client's key order: take them from an order-keeping parse.
-    const auto ordered = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+    const OrderedJson ordered = parse_ordered_json(body, kBody);  // parsed once already: no throw
     if (ordered.is_object() && ordered.contains("tools")) request.tools = ordered["tools"];
   }
   return request;
@@ -341,82 +343,11 @@ ApiRequest parse_api_json(const Json& body, Endpoint endpoint, const ProtocolLim
     throw_api_error(400, fmt::format("The request body must be a JSON object, not {}.", json_type_name(body)), {},
                     "invalid_type");
   }
-  const bool chat = endpoint == Endpoint::kChat;
-  ApiRequest r;
-  r.endpoint = endpoint;
-  const Fields f(body);
-  if (auto model = f.string("model")) r.model = *model;
-  if (chat) {
-    parse_messages(body, r, limits);
-  } else {
-    parse_prompt(body, r, limits);
+  try {
+    return parse_fields(JsonObject(body, kBody, kBodyRules), endpoint, limits);
+  } catch (const JsonFieldError& e) {
+    throw ApiException(api_error(e));
   }
-  refuse_unsupported(f, endpoint);
-
-  r.stream = f.boolean("stream").value_or(false);
-  if (const Json* options = f.get("stream_options")) {
-    if (!options->is_object()) wrong_type("stream_options", "an object", *options);
-    if (!r.stream) bad("stream_options", "invalid_value", "Invalid 'stream_options': only allowed when 'stream' is true.");
-    const Fields o(*options);
-    r.include_usage = o.boolean("include_usage").value_or(false);
-    r.continuous_usage = o.boolean("continuous_usage_stats").value_or(false);
-  }
-
-  SamplingParams& s = r.sampling;
-  // Legacy completions default to 16 tokens (as OpenAI and vLLM); chat runs to the context end.
-  if (chat) {
-    auto max_completion = f.integer("max_completion_tokens", 1, kInt64Max);
-    s.max_tokens = max_completion ? max_completion : f.integer("max_tokens", 1, kInt64Max);
-  } else {
-    s.max_tokens = f.integer("max_tokens", 1, kInt64Max).value_or(16);
-  }
-  s.temperature = f.number("temperature", 0, 2).value_or(1.0);
-  s.top_p = f.number("top_p", 0, 1, /*lo_open=*/true).value_or(1.0);
-  s.top_k = f.integer("top_k", -1, kInt64Max).value_or(0);
-  if (auto seed = f.integer("seed", std::numeric_limits<std::int64_t>::min(), kInt64Max)) {
-    s.seed = static_cast<std::uint64_t>(*seed);
-  }
-  s.ignore_eos = f.boolean("ignore_eos").value_or(false);
-  if (const Json* ids = f.get("stop_token_ids")) {
-    if (!ids->is_array()) wrong_type("stop_token_ids", "an array of token ids", *ids);
-    for (const Json& id : *ids) s.stop_token_ids.push_back(token_id("stop_token_ids", id, limits.vocab_size));
-  }
-  parse_stop(f, r, limits);
-  r.include_stop_str_in_output = f.boolean("include_stop_str_in_output").value_or(false);
-  r.skip_special_tokens = f.boolean("skip_special_tokens").value_or(true);
-  r.return_token_ids = f.boolean("return_token_ids").value_or(false);
-  (void)f.string("user");
-
-  if (chat) {
-    parse_tools(f, r);
-    if (const Json* kwargs = f.get("chat_template_kwargs")) {
-      if (!kwargs->is_object()) wrong_type("chat_template_kwargs", "an object", *kwargs);
-      const Fields k(*kwargs);
-      r.thinking = k.boolean("thinking").value_or(k.boolean("enable_thinking").value_or(false));
-    }
-    r.add_generation_prompt = f.boolean("add_generation_prompt").value_or(true);
-    r.continue_final_message = f.boolean("continue_final_message").value_or(false);
-    if (r.continue_final_message && r.add_generation_prompt && f.get("add_generation_prompt")) {
-      bad("continue_final_message", "invalid_value",
-          "Invalid 'continue_final_message': cannot be combined with 'add_generation_prompt' = true.");
-    }
-    if (r.continue_final_message) {
-      r.add_generation_prompt = false;
-      if (r.messages.back().role != "assistant") {
-        bad("continue_final_message", "invalid_value", "Invalid 'continue_final_message': the last message must be the assistant's.");
-      }
-    }
-    r.logprobs = f.boolean("logprobs").value_or(false);
-    auto top = f.integer("top_logprobs", 0, limits.max_logprobs);
-    if (top && !r.logprobs) bad("top_logprobs", "invalid_value", "Invalid 'top_logprobs': requires 'logprobs' to be true.");
-    if (r.logprobs) s.logprobs = top.value_or(0);
-  } else {
-    if (auto n = f.integer("logprobs", 0, limits.max_logprobs)) {
-      r.logprobs = true;
-      s.logprobs = *n;
-    }
-  }
-  return r;
 }
 
 void check_context_length(const ApiRequest& r, std::int64_t prompt_tokens, std::int64_t max_model_len) {
@@ -464,13 +395,6 @@ Json byte_list(const std::string& text) {
   return bytes;
 }
 
-// The number of characters (code points; invalid bytes count one each) in `text`.
-std::int64_t count_chars(const std::string& text) {
-  std::int64_t n = 0;
-  for (unsigned char c : text) n += (c & 0xC0) != 0x80;
-  return n;
-}
-
 Json optional_string(const std::optional<std::string>& s) { return s ? Json(*s) : Json(nullptr); }
 
 }  // namespace
@@ -481,7 +405,7 @@ Json ResponseBuilder::completion_logprobs(const std::vector<SampledToken>& token
   for (const SampledToken& t : tokens) {
     const std::string text = codec_.token_text(t.token);
     out["text_offset"].push_back(text_offset_);
-    text_offset_ += count_chars(text);
+    text_offset_ += static_cast<std::int64_t>(utf8::count_char_starts(text));
     out["token_logprobs"].push_back(t.logprob);
     out["tokens"].push_back(text);
     Json top = Json::object();

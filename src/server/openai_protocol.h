@@ -6,7 +6,7 @@
 // and a failure names the field ("param") the way OpenAI's API does; fields that would change
 // the output but that the engine cannot honour (n > 1, penalties, logit_bias, tools, echo, ...)
 // are refused with code "unsupported_parameter" rather than silently ignored; unknown fields
-// are ignored (as vLLM does). Chat messages and tools follow engine/chat_encoding.h; V4's
+// are ignored (as vLLM does). Chat messages and tools follow text/chat_encoding.h; V4's
 // thinking mode is chat_template_kwargs {"thinking": true} (as in vLLM).
 #pragma once
 
@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "common/json_io.h"
-#include "engine/chat_encoding.h"
 #include "engine/request.h"
 #include "engine/sampling.h"
-#include "server/text_codec.h"
+#include "text/chat_encoding.h"
+#include "text/text_codec.h"
 
 namespace dsv4::server {
 

@@ -19,12 +19,12 @@
 #include <unordered_map>
 
 #include "common/error.h"
-#include "engine/chat_encoding.h"
-#include "server/chat_stream.h"
 #include "server/connection_probe.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
-#include "server/text_stream.h"
+#include "text/chat_encoding.h"
+#include "text/chat_stream.h"
+#include "text/text_stream.h"
 
 namespace dsv4::server {
 namespace {

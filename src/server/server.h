@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "engine/engine.h"
-#include "server/text_codec.h"
+#include "text/text_codec.h"
 
 namespace dsv4::server {
 

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "../support/test_support.h"
 #include "common/error.h"
@@ -66,6 +67,64 @@ TEST(JsonIo, InvalidJsonErrorNamesTheSource) {
 TEST(JsonIo, NumberOverflowIsAnError) {
   std::string message = error_of([] { parse_json("[1e999]", "big.json"); });
   EXPECT_NE(message.find("big.json"), std::string::npos) << message;
+}
+
+// A repeated key is refused (nlohmann alone keeps the last value without a word), naming the
+// source, the key and the keys leading to it; the ordered parse does the same.
+TEST(JsonIo, DuplicateKeysAreRejected) {
+  struct Case {
+    const char* text;
+    std::vector<std::string> path;
+    const char* message;
+  };
+  const Case cases[] = {
+      {R"({"a": 1, "a": 2})", {"a"}, "dup.json: key 'a' is listed more than once"},
+      {R"({"a": 1, "b": {"c": 1, "c": 1}})", {"b", "c"}, "dup.json: key 'c' is listed more than once in \"b\""},
+      {R"({"m": [{"r": 1}, {"r": 1, "x": 0, "r": 2}]})", {"m", "[1]", "r"},
+       "dup.json: key 'r' is listed more than once in \"m[1]\""},
+      {R"([[0, {"k": 1, "k": {}}]])", {"[0]", "[1]", "k"}, "dup.json: key 'k' is listed more than once in \"[0][1]\""},
+      {R"({"a": {"b": [1, [2, {"c": null, "c": null}]]}})", {"a", "b", "[1]", "[1]", "c"},
+       "key 'c' is listed more than once in \"a.b[1][1]\""},
+  };
+  for (const Case& c : cases) {
+    for (bool ordered : {false, true}) {
+      try {
+        if (ordered) {
+          parse_ordered_json(c.text, "dup.json");
+        } else {
+          parse_json(c.text, "dup.json");
+        }
+        ADD_FAILURE() << "accepted " << c.text;
+      } catch (const DuplicateKeyError& e) {
+        EXPECT_EQ(e.path(), c.path) << c.text;
+        EXPECT_NE(std::string(e.what()).find(c.message), std::string::npos) << e.what();
+      }
+    }
+  }
+  // The same key in sibling objects, at other depths, or as a value is fine.
+  EXPECT_NO_THROW(parse_json(R"({"a": {"a": 1}, "b": {"a": 2}, "c": [{"a": 1}, {"a": 2}], "d": "a"})", "ok"));
+  EXPECT_NO_THROW(parse_json(R"([{"x": 1}, {"x": 2}, [{"x": 3}]])", "ok"));
+  // Keys differing only in escapes are the same key once decoded.
+  EXPECT_THROW(parse_json(R"({"\u0061": 1, "a": 2})", "esc"), DuplicateKeyError);
+}
+
+TEST_F(JsonIoTest, DuplicateKeyInAFileNamesTheFile) {
+  const fs::path path = dir_ / "config.json";
+  write_text_file(path, R"({"hidden_size": 4096, "vocab_size": 8, "hidden_size": 2048})");
+  const std::string message = error_of([&] { read_json_file(path); });
+  EXPECT_NE(message.find(path.string() + ": key 'hidden_size' is listed more than once"), std::string::npos)
+      << message;
+}
+
+TEST(JsonIo, OrderedParseKeepsKeyOrderAndLimits) {
+  const OrderedJson j = parse_ordered_json(R"({"z": 1, "a": {"y": 2, "b": 3}})", "ordered");
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : j.items()) keys.push_back(key);
+  EXPECT_EQ(keys, (std::vector<std::string>{"z", "a"}));
+  EXPECT_EQ(j["a"].begin().key(), "y");
+  EXPECT_NE(error_of([] { parse_ordered_json(nested_arrays(100, "1"), "deep"); }).find("deep: JSON nested deeper than 64"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_ordered_json("{", "broken"); }).find("broken: invalid JSON"), std::string::npos);
 }
 
 TEST(JsonIo, ArrayBombRejectedWithDepthMessage) {

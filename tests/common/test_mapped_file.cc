@@ -1,4 +1,5 @@
 // MappedFile: byte-exact read-only mappings, errors naming the path, move semantics.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -53,7 +54,7 @@ TEST_F(MappedFileTest, MapsRandomContentByteExact) {
   for (std::size_t size : {std::size_t{1}, std::size_t{4095}, std::size_t{4096}, std::size_t{4097},
                            std::size_t{3 << 20} + 5}) {
     std::vector<std::uint8_t> content;
-    fs::path path = write_random("r" + std::to_string(size) + ".bin", size, seed++, &content);
+    fs::path path = write_random(fmt::format("r{}.bin", size), size, seed++, &content);
     MappedFile f = MappedFile::open(path);
     EXPECT_EQ(f.size(), size);
     EXPECT_EQ(f.bytes().size(), size);

@@ -250,6 +250,26 @@ TEST(ModelConfig, TinyHasTheFullStructure) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Repeated keys: refused, not silently resolved to the last one
+
+TEST_F(ModelConfigFiles, DuplicateKeyNamesKeyAndFile) {
+  std::string text = flash_json().dump(1);
+  // The same field again at the end, with another value.
+  text.insert(text.rfind('}'), ",\"num_hidden_layers\": 2");
+  fs::path path = write("duplicate.json", text);
+  std::string message = error_of([&] { ModelConfig::from_file(path); });
+  EXPECT_TRUE(contains(message, path.string() + ": key 'num_hidden_layers' is listed more than once")) << message;
+  // Nested, too.
+  std::string nested = flash_json().dump(1);
+  const std::size_t at = nested.find("\"rope_scaling\": {") + std::string("\"rope_scaling\": {").size();
+  nested.insert(at, "\"factor\": 2, ");
+  path = write("duplicate_nested.json", nested);
+  message = error_of([&] { ModelConfig::from_file(path); });
+  EXPECT_TRUE(contains(message, path.string() + ": key 'factor' is listed more than once in \"rope_scaling\""))
+      << message;
+}
+
+// ---------------------------------------------------------------------------------------
 // Missing fields
 
 TEST_F(ModelConfigFiles, EachMissingTopLevelFieldIsNamed) {
@@ -346,9 +366,9 @@ TEST(ModelConfig, WrongTypesNameTheField) {
       {"/vocab_size", nullptr, "field 'vocab_size' must be an integer, found null"},
       {"/index_topk", Json::array({512}), "field 'index_topk' must be an integer, found array"},
       {"/o_groups", Json::object(), "field 'o_groups' must be an integer, found object"},
-      {"/rope_scaling", Json::array(), "'rope_scaling': expected a JSON object, found array"},
-      {"/rope_scaling", "yarn", "'rope_scaling': expected a JSON object, found string"},
-      {"/quantization_config", Json::array({1}), "'quantization_config': expected a JSON object, found array"},
+      {"/rope_scaling", Json::array(), "field 'rope_scaling' must be a JSON object, found array"},
+      {"/rope_scaling", "yarn", "field 'rope_scaling' must be a JSON object, found string"},
+      {"/quantization_config", Json::array({1}), "field 'quantization_config' must be a JSON object, found array"},
       {"/rope_theta", "10000", "field 'rope_theta' must be a number, found string"},
       {"/rms_norm_eps", Json::array(), "field 'rms_norm_eps' must be a number, found array"},
       {"/rope_scaling/factor", "16", "field 'rope_scaling.factor' must be a number"},
@@ -383,7 +403,7 @@ TEST(ModelConfig, OutOfRangeValuesNameTheField) {
       {"/hidden_size", -4096, "field 'hidden_size' = -4096 is out of range"},
       {"/hidden_size", std::numeric_limits<std::int64_t>::max(), "field 'hidden_size' = 9223372036854775807"},
       {"/hidden_size", std::numeric_limits<std::int64_t>::min(), "field 'hidden_size' = -9223372036854775808"},
-      {"/hidden_size", std::numeric_limits<std::uint64_t>::max(), "field 'hidden_size' is too large"},
+      {"/hidden_size", std::numeric_limits<std::uint64_t>::max(), "field 'hidden_size' = 18446744073709551615 is out of range: expected an integer in [1, 1048576]"},
       {"/num_hidden_layers", 0, "field 'num_hidden_layers' = 0 is out of range"},
       {"/num_hidden_layers", 100000, "field 'num_hidden_layers' = 100000 is out of range"},
       {"/num_nextn_predict_layers", -1, "field 'num_nextn_predict_layers' = -1 is out of range"},
@@ -393,12 +413,12 @@ TEST(ModelConfig, OutOfRangeValuesNameTheField) {
       {"/bos_token_id", -1, "field 'bos_token_id' = -1 is out of range"},
       {"/rope_scaling/original_max_position_embeddings", 0,
        "field 'rope_scaling.original_max_position_embeddings' = 0 is out of range"},
-      {"/rms_norm_eps", 0, "field 'rms_norm_eps' must be positive"},
-      {"/rms_norm_eps", -1e-6, "field 'rms_norm_eps' must be positive"},
-      {"/rope_theta", -10000.0, "field 'rope_theta' must be positive"},
-      {"/rope_scaling/factor", 0.0, "field 'rope_scaling.factor' must be positive"},
-      {"/routed_scaling_factor", -1.5, "field 'routed_scaling_factor' must be positive"},
-      {"/swiglu_limit", 0, "field 'swiglu_limit' must be positive"},
+      {"/rms_norm_eps", 0, "field 'rms_norm_eps' = 0 is out of range: expected a positive number"},
+      {"/rms_norm_eps", -1e-6, "field 'rms_norm_eps' = -1e-06 is out of range: expected a positive number"},
+      {"/rope_theta", -10000.0, "field 'rope_theta' = -10000 is out of range: expected a positive number"},
+      {"/rope_scaling/factor", 0.0, "field 'rope_scaling.factor' = 0 is out of range: expected a positive number"},
+      {"/routed_scaling_factor", -1.5, "field 'routed_scaling_factor' = -1.5 is out of range: expected a positive number"},
+      {"/swiglu_limit", 0, "field 'swiglu_limit' = 0 is out of range: expected a positive number"},
   };
   for (const auto& c : cases) {
     std::string message = error_with(c.pointer, c.value);

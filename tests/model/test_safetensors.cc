@@ -3,6 +3,7 @@
 // consistency, and a random-mutation loop that must only ever produce dsv4::Error.
 #include "model/safetensors.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -323,7 +324,7 @@ TEST_F(SafetensorsTest, AbandonedWriterRemovesItsPartialShardsAndKeepsTheOldChec
   {
     std::mt19937_64 rng(10);
     ShardedCheckpointWriter writer(dir_, 100);
-    for (int i = 0; i < 3; ++i) writer.add(make_tensor("n" + std::to_string(i), DType::kU8, {80}, rng));
+    for (int i = 0; i < 3; ++i) writer.add(make_tensor(fmt::format("n{}", i), DType::kU8, {80}, rng));
     bool saw_partial = false;
     for (const auto& name : sorted_listing(dir_)) saw_partial |= name.ends_with(".partial");
     EXPECT_TRUE(saw_partial);  // full shards go to disk before finish()
@@ -678,7 +679,7 @@ TEST(SafetensorsFuzz, RandomMutationsOnlyEverThrowError) {
   std::mt19937_64 rng(20240501);
   std::vector<TensorData> tensors;
   int i = 0;
-  for (DType t : all_dtypes()) tensors.push_back(make_tensor("t" + std::to_string(i++), t, {2, 3}, rng));
+  for (DType t : all_dtypes()) tensors.push_back(make_tensor(fmt::format("t{}", i++), t, {2, 3}, rng));
   tensors.push_back(make_tensor("z", DType::kU8, {0}, rng));
   const Bytes base = encode_safetensors(tensors, {{"format", "pt"}});
   std::uint64_t header_len = 0;

@@ -1,11 +1,12 @@
 // Request parsing and validation, and the response JSON (server/openai_protocol.h).
 #include <gtest/gtest.h>
 
-#include "model/presets.h"
 #include "server/openai_protocol.h"
 
 namespace dsv4::server {
 namespace {
+
+constexpr ModelVocab kTinyVocab{.size = 4096, .bos_id = 0, .eos_id = 1};  // the tiny preset's
 
 ProtocolLimits limits() {
   ProtocolLimits l;
@@ -91,6 +92,25 @@ TEST(OpenAiProtocol, MalformedBodies) {
   EXPECT_EQ(error_of("").code, "invalid_json");
   EXPECT_EQ(error_of(std::string(200, '[')).code, "invalid_json");  // too deep
   EXPECT_EQ(error_of("{\"prompt\": \"\xff\"}").code, "invalid_json");  // not UTF-8
+}
+
+// A repeated key is refused as malformed JSON, naming the key, rather than one value winning.
+TEST(OpenAiProtocol, DuplicateKeysAreRefused) {
+  ApiError e = error_of(R"({"prompt": "x", "max_tokens": 1, "max_tokens": 500})");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.code, "invalid_json");
+  EXPECT_NE(e.message.find("the request body: key 'max_tokens' is listed more than once"), std::string::npos)
+      << e.message;
+  e = error_of(R"({"messages": [{"role": "user", "content": "hi", "role": "system"}]})", Endpoint::kChat);
+  EXPECT_EQ(e.code, "invalid_json");
+  EXPECT_NE(e.message.find("key 'role' is listed more than once in \"messages[0]\""), std::string::npos)
+      << e.message;
+  // In the tool schemas, which are rendered in the client's key order.
+  e = error_of(R"({"messages": [{"role": "user", "content": "hi"}],
+      "tools": [{"type": "function", "function": {"name": "f", "name": "g"}}]})", Endpoint::kChat);
+  EXPECT_EQ(e.code, "invalid_json");
+  EXPECT_NE(e.message.find("key 'name' is listed more than once in \"tools[0].function\""), std::string::npos)
+      << e.message;
 }
 
 struct BadField {
@@ -194,7 +214,7 @@ TEST(OpenAiProtocol, ChatToolsAndThinking) {
 }
 
 TEST(OpenAiProtocol, ChatToolCallResponse) {
-  const auto codec = make_byte_codec(tiny_config());
+  const auto codec = make_byte_codec(kTinyVocab);
   const ApiRequest r = chat(R"({"messages": [{"role": "user", "content": "x"}],
       "tools": [{"type": "function", "function": {"name": "f"}}]})");
   ResponseBuilder b(r, "chatcmpl-7", "tiny", 1, *codec);
@@ -236,8 +256,8 @@ TEST(OpenAiProtocol, BadChatMessages) {
            "tools": [{"type": "function", "function": {"name": "f"}}]})", "tool_choice", "unsupported_parameter"},
       {R"({"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"function": {"arguments": "{}"}}]}]})",
        "messages[0].tool_calls[0].function.name", "missing_required_parameter"},
-      {R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"thinking": "yes"}})", "thinking",
-       "invalid_type"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"thinking": "yes"}})",
+       "chat_template_kwargs.thinking", "invalid_type"},
       {R"({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true})", "continue_final_message",
        "invalid_value"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -3})", "max_completion_tokens",
@@ -287,7 +307,7 @@ TEST(OpenAiProtocol, ErrorJsonShape) {
 }
 
 TEST(OpenAiProtocol, CompletionResponseAndChunks) {
-  const auto codec = make_byte_codec(tiny_config());
+  const auto codec = make_byte_codec(kTinyVocab);
   const ApiRequest r = completion(R"({"prompt": "x", "logprobs": 1, "return_token_ids": true})");
   ResponseBuilder b(r, "cmpl-1", "tiny", 123, *codec);
   ResponseBuilder::Piece whole;
@@ -329,7 +349,7 @@ TEST(OpenAiProtocol, CompletionResponseAndChunks) {
 }
 
 TEST(OpenAiProtocol, ChatResponseAndChunks) {
-  const auto codec = make_byte_codec(tiny_config());
+  const auto codec = make_byte_codec(kTinyVocab);
   const ApiRequest r = chat(R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 1})");
   ResponseBuilder b(r, "chatcmpl-1", "tiny", 1, *codec);
   const Json role = b.role_chunk();

@@ -1,13 +1,14 @@
 // End-to-end tests of `dsv4 serve`: one real server process on 127.0.0.1 (a free port) over a
 // tiny synthetic model made in a temp dir, driven with httplib clients. Every loop is bounded
 // in count and time.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstdlib>
 #include <mutex>
 
-#include "engine/bpe_trainer.h"
+#include "text/bpe_trainer.h"
 #include "server_process.h"
 
 #ifndef DSV4_SERVE_BINARY
@@ -467,12 +468,14 @@ struct BadRequest {
 
 TEST_F(ServerHttp, BadInputsGetOpenAiErrors) {
   std::string long_prompt = "[";
-  for (int i = 0; i < kMaxModelLen + 10; ++i) long_prompt += (i ? "," : "") + std::to_string(100 + i % 50);
+  for (int i = 0; i < kMaxModelLen + 10; ++i) long_prompt += fmt::format("{}{}", i ? "," : "", 100 + i % 50);
   long_prompt += "]";
   const std::vector<BadRequest> cases = {
       {"malformed json", "/v1/completions", R"({"model": "tiny-test", "prompt": )", 400, "invalid_json", ""},
       {"not an object", "/v1/completions", "[1,2,3]", 400, "invalid_type", ""},
       {"empty body", "/v1/chat/completions", "", 400, "invalid_json", ""},
+      {"duplicate key", "/v1/completions", R"({"prompt": "hi", "max_tokens": 1, "max_tokens": 400})", 400,
+       "invalid_json", ""},
       {"wrong type", "/v1/completions", R"({"prompt": "hi", "max_tokens": "many"})", 400, "invalid_type", "max_tokens"},
       {"out of range", "/v1/completions", R"({"prompt": "hi", "temperature": 9})", 400, "invalid_value", "temperature"},
       {"n > 1", "/v1/completions", R"({"prompt": "hi", "n": 3})", 400, "unsupported_parameter", "n"},
@@ -501,6 +504,10 @@ TEST_F(ServerHttp, BadInputsGetOpenAiErrors) {
     }
     if (!bad.param.empty()) {
       EXPECT_EQ(j["error"]["param"], bad.param) << j;
+    }
+    if (bad.name == "duplicate key") {
+      EXPECT_NE(j["error"]["message"].get<std::string>().find("key 'max_tokens' is listed more than once"),
+                std::string::npos) << j;
     }
   }
 

@@ -2,12 +2,11 @@
 // pre-tokenized words weighted by count: pair counts are kept in a map plus an ordered set
 // (count desc, then ids), and an index pair -> words, so each merge only revisits the words
 // that contain its pair.
-#include "engine/bpe_trainer.h"
+#include "text/bpe_trainer.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <array>
 #include <map>
 #include <set>
 #include <tuple>
@@ -15,12 +14,11 @@
 
 #include "common/error.h"
 #include "common/json_io.h"
-#include "engine/tokenizer.h"
+#include "text/byte_level.h"
+#include "text/tokenizer.h"
 
 namespace dsv4 {
 namespace {
-
-using OrderedJson = nlohmann::ordered_json;
 
 // DeepSeek-V3's pre-tokenizer (also V3.2's and V4's): digits in runs of up to three, runs of
 // CJK ideographs / kana, then the word/punctuation/whitespace regex, then byte-level mapping.
@@ -38,27 +36,6 @@ OrderedJson deepseek_pre_tokenizer() {
         split("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+| "
               "?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"),
         {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}};
-}
-
-// Spelling of a byte string in the byte-level alphabet (GPT-2's bytes_to_unicode).
-std::string byte_level_spelling(std::string_view bytes) {
-  static const std::array<std::string, 256> table = [] {
-    std::array<std::string, 256> t;
-    std::uint32_t next = 256;
-    for (std::uint32_t b = 0; b < 256; ++b) {
-      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-      const std::uint32_t cp = printable ? b : next++;
-      if (cp < 0x80) {
-        t[b] = std::string(1, static_cast<char>(cp));
-      } else {
-        t[b] = {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
-      }
-    }
-    return t;
-  }();
-  std::string out;
-  for (char c : bytes) out += table[static_cast<unsigned char>(c)];
-  return out;
 }
 
 OrderedJson added_token_json(std::int32_t id, const AddedTokenSpec& token) {
@@ -176,7 +153,7 @@ std::string train_bpe_tokenizer(std::string_view corpus, const BpeTrainOptions& 
   // encoding will see.
   OrderedJson skeleton_vocab = OrderedJson::object();
   for (std::int32_t b = 0; b < 256; ++b)
-    skeleton_vocab[byte_level_spelling(token_bytes[static_cast<std::size_t>(b)])] = head + b;
+    skeleton_vocab[byte_level::encode(token_bytes[static_cast<std::size_t>(b)])] = head + b;
   const OrderedJson skeleton{{"normalizer", nullptr},
                              {"pre_tokenizer", deepseek_pre_tokenizer()},
                              {"decoder", {{"type", "ByteLevel"}}},
@@ -250,14 +227,14 @@ std::string train_bpe_tokenizer(std::string_view corpus, const BpeTrainOptions& 
     added.push_back(added_token_json(i, options.head_tokens[static_cast<std::size_t>(i)]));
     vocab[options.head_tokens[static_cast<std::size_t>(i)].content] = i;
   }
-  for (std::int32_t id = head; id < merge_end; ++id) vocab[byte_level_spelling(bytes_of(id))] = id;
+  for (std::int32_t id = head; id < merge_end; ++id) vocab[byte_level::encode(bytes_of(id))] = id;
   for (std::int32_t i = 0; i < tail; ++i) {
     added.push_back(added_token_json(merge_end + i, options.tail_tokens[static_cast<std::size_t>(i)]));
     vocab[options.tail_tokens[static_cast<std::size_t>(i)].content] = merge_end + i;
   }
   OrderedJson merge_list = OrderedJson::array();
   for (const auto& [a, b] : merges)
-    merge_list.push_back(byte_level_spelling(bytes_of(a)) + " " + byte_level_spelling(bytes_of(b)));
+    merge_list.push_back(byte_level::encode(bytes_of(a)) + " " + byte_level::encode(bytes_of(b)));
 
   const OrderedJson out{{"version", "1.0"},
                         {"truncation", nullptr},

@@ -17,7 +17,7 @@
 //     "arguments" (the older copy of the reference does that; vLLM's raises), empty ones as {};
 //   - the reference's quick-instruction "task" tokens, response_format and content blocks of
 //     images are not supported (an OpenAI request cannot ask for the first two).
-#include "engine/chat_encoding.h"
+#include "text/chat_encoding.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -29,8 +29,6 @@
 
 namespace dsv4 {
 namespace {
-
-using OrderedJson = nlohmann::ordered_json;
 
 // The reference's TOOLS_TEMPLATE with its placeholders filled in.
 constexpr std::string_view kToolsHead =
@@ -78,18 +76,14 @@ constexpr std::string_view kInvokeClose = "</｜DSML｜invoke>";
 constexpr std::string_view kParameterOpen = "<｜DSML｜parameter";
 constexpr std::string_view kParameterClose = "</｜DSML｜parameter>";
 
-// JSON from a client or a model, parsed with a depth limit; nullopt if it is not JSON.
+// JSON from a client or a model, parsed as everywhere (json_io.h: depth limit, no repeated
+// keys), in its key order; nullopt if it is not such JSON.
 std::optional<OrderedJson> parse_ordered(std::string_view text) {
-  bool too_deep = false;
-  auto limit = [&](int depth, OrderedJson::parse_event_t event, OrderedJson&) {
-    const bool opens = event == OrderedJson::parse_event_t::array_start ||
-                       event == OrderedJson::parse_event_t::object_start;
-    if (static_cast<std::size_t>(depth) + (opens ? 1 : 0) > kMaxJsonDepth) too_deep = true;
-    return !too_deep;
-  };
-  OrderedJson value = OrderedJson::parse(text.begin(), text.end(), limit, /*allow_exceptions=*/false);
-  if (too_deep || value.is_discarded()) return std::nullopt;
-  return value;
+  try {
+    return parse_ordered_json(text, "tool-call arguments");
+  } catch (const Error&) {
+    return std::nullopt;
+  }
 }
 
 // ---- Rendering --------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
-// Streaming split of chat replies into reasoning, content and tool calls (server/chat_stream.h).
+// Streaming split of chat replies into reasoning, content and tool calls (text/chat_stream.h).
 #include <gtest/gtest.h>
 
-#include "server/chat_stream.h"
+#include "text/chat_stream.h"
 
-namespace dsv4::server {
+namespace dsv4 {
 namespace {
 
 struct Joined {
@@ -72,4 +72,4 @@ TEST(ChatStream, ReleasesTextAsSoonAsItIsDecided) {
 }
 
 }  // namespace
-}  // namespace dsv4::server
+}  // namespace dsv4

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "common/error.h"
-#include "engine/chat_encoding.h"
+#include "text/chat_encoding.h"
 
 namespace dsv4 {
 namespace {

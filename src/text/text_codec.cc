@@ -1,30 +1,14 @@
 // The byte codec and the choice between it and the model's tokenizer (text_codec.h).
-#include "server/text_codec.h"
+#include "text/text_codec.h"
+
+#include <fmt/format.h>
 
 #include "common/error.h"
+#include "text/utf8.h"
 
-namespace dsv4::server {
+namespace dsv4 {
 
-std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelConfig& config);
-
-std::size_t complete_utf8_prefix(std::string_view text) {
-  const std::size_t n = text.size();
-  // Look back over at most three trailing bytes for the lead byte of an unfinished character.
-  for (std::size_t back = 1; back <= 3 && back <= n; ++back) {
-    const auto byte = static_cast<unsigned char>(text[n - back]);
-    if ((byte & 0xC0) == 0x80) continue;  // a continuation byte: keep looking for the lead
-    std::size_t need = 0;
-    if ((byte & 0xE0) == 0xC0) {
-      need = 2;
-    } else if ((byte & 0xF0) == 0xE0) {
-      need = 3;
-    } else if ((byte & 0xF8) == 0xF0) {
-      need = 4;
-    }
-    return need > back ? n - back : n;  // ASCII or an invalid lead byte: nothing to wait for
-  }
-  return n;
-}
+std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelVocab& vocab);
 
 namespace {
 
@@ -32,8 +16,7 @@ constexpr std::int32_t kByteOffset = 3;
 
 class ByteCodec final : public TextCodec {
  public:
-  explicit ByteCodec(const ModelConfig& config)
-      : bos_(static_cast<std::int32_t>(config.bos_token_id)), eos_(static_cast<std::int32_t>(config.eos_token_id)) {}
+  explicit ByteCodec(const ModelVocab& vocab) : bos_(vocab.bos_id), eos_(vocab.eos_id) {}
 
   std::string_view kind() const override { return "bytes"; }
 
@@ -65,7 +48,7 @@ class ByteCodec final : public TextCodec {
   std::string special_text(std::int32_t id) const {
     if (id == bos_) return "<bos>";
     if (id == eos_) return "<eos>";
-    return "<" + std::to_string(id) + ">";
+    return fmt::format("<{}>", id);
   }
 
   class ByteDecoder final : public Decoder {
@@ -77,7 +60,7 @@ class ByteCodec final : public TextCodec {
       } else if (!skip_special_) {
         pending_ += codec_.special_text(id);
       }
-      const std::size_t ready = complete_utf8_prefix(pending_);
+      const std::size_t ready = utf8::complete_prefix(pending_);
       std::string out = pending_.substr(0, ready);
       pending_.erase(0, ready);
       return out;
@@ -96,18 +79,18 @@ class ByteCodec final : public TextCodec {
 
 }  // namespace
 
-std::unique_ptr<TextCodec> make_byte_codec(const ModelConfig& config) {
-  if (config.vocab_size < kByteOffset + 256) {
+std::unique_ptr<TextCodec> make_byte_codec(const ModelVocab& vocab) {
+  if (vocab.size < kByteOffset + 256) {
     fail("the model has no tokenizer.json and its vocabulary ({} tokens) is too small for the byte codec (259)",
-         config.vocab_size);
+         vocab.size);
   }
-  return std::make_unique<ByteCodec>(config);
+  return std::make_unique<ByteCodec>(vocab);
 }
 
-std::unique_ptr<TextCodec> make_text_codec(const std::filesystem::path& model_dir, const ModelConfig& config) {
+std::unique_ptr<TextCodec> make_text_codec(const std::filesystem::path& model_dir, const ModelVocab& vocab) {
   const std::filesystem::path tokenizer_json = model_dir / "tokenizer.json";
-  if (std::filesystem::exists(tokenizer_json)) return make_tokenizer_codec(tokenizer_json, config);
-  return make_byte_codec(config);
+  if (std::filesystem::exists(tokenizer_json)) return make_tokenizer_codec(tokenizer_json, vocab);
+  return make_byte_codec(vocab);
 }
 
-}  // namespace dsv4::server
+}  // namespace dsv4

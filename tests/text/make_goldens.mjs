@@ -3,10 +3,10 @@
 // (npm @huggingface/tokenizers 0.2.0), for the built-in model's tokenizer.
 //
 //   npm install --prefix /tmp/tok-golden @huggingface/tokenizers@0.2.0
-//   DSV4_WRITE_TINY_TOKENIZER=/tmp/tiny build/tests/tokenizer/test_tokenizer \
+//   DSV4_WRITE_TINY_TOKENIZER=/tmp/tiny build/tests/text/test_text \
 //       --gtest_filter=TinyTokenizer.WritesFiles       (writes the trained tokenizer to /tmp/tiny)
-//   NODE_PATH=/tmp/tok-golden/node_modules node tests/tokenizer/make_goldens.mjs /tmp/tiny \
-//       > tests/tokenizer/tiny_tokenizer_goldens.json
+//   NODE_PATH=/tmp/tok-golden/node_modules node tests/text/make_goldens.mjs /tmp/tiny \
+//       > tests/text/tiny_tokenizer_goldens.json
 import { createRequire } from "node:module";
 import { readFileSync } from "node:fs";
 
@@ -56,7 +56,7 @@ function fnv1a64(bytes) {
 
 const cases = texts.map((text) => ({ text, ids: tokenizer.encode(text, { add_special_tokens: false }).ids }));
 const out = {
-  note: "Made by tests/tokenizer/make_goldens.mjs with npm @huggingface/tokenizers 0.2.0 (tokenizers.js), " +
+  note: "Made by tests/text/make_goldens.mjs with npm @huggingface/tokenizers 0.2.0 (tokenizers.js), " +
     "an independent JavaScript implementation, on the tokenizer write_tiny_tokenizer trains.",
   tokenizer_json_fnv1a64: fnv1a64(readFileSync(`${dir}/tokenizer.json`)),
   cases,

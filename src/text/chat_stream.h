@@ -1,6 +1,6 @@
 // ChatStream: a streamed assistant reply split, as it arrives, into reasoning and content
 // deltas, with tool calls parsed at the end -- the streaming twin of parse_completion
-// (engine/chat_encoding.h), which the non-streaming response uses directly.
+// (chat_encoding.h), which the non-streaming response uses directly.
 //
 //   thinking mode   text up to "</think>" is reasoning (a leading "<think>" is dropped), the
 //                   rest content; chat mode: all content.
@@ -14,9 +14,9 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/chat_encoding.h"
+#include "text/chat_encoding.h"
 
-namespace dsv4::server {
+namespace dsv4 {
 
 class ChatStream {
  public:
@@ -31,7 +31,7 @@ class ChatStream {
   Delta finish();
 
  private:
-  enum class State { kThinkStart, kReasoning, kContent, kToolCalls };
+  enum class State { kThinkOpening, kReasoning, kContent, kToolCalls };
   void advance(Delta& delta, bool final);
 
   bool thinking_;
@@ -41,4 +41,4 @@ class ChatStream {
   std::string all_;
 };
 
-}  // namespace dsv4::server
+}  // namespace dsv4

@@ -1,9 +1,9 @@
 // Incremental reasoning / content / tool-call split of a streamed reply (chat_stream.h).
-#include "server/chat_stream.h"
+#include "text/chat_stream.h"
 
 #include <algorithm>
 
-namespace dsv4::server {
+namespace dsv4 {
 namespace {
 
 // The length of the longest suffix of `text` that is a proper prefix of `marker`.
@@ -17,7 +17,7 @@ std::size_t partial_marker(std::string_view text, std::string_view marker) {
 }  // namespace
 
 ChatStream::ChatStream(bool thinking, bool tools)
-    : thinking_(thinking), tools_(tools), state_(thinking ? State::kThinkStart : State::kContent) {}
+    : thinking_(thinking), tools_(tools), state_(thinking ? State::kThinkOpening : State::kContent) {}
 
 ChatStream::Delta ChatStream::push(std::string_view text) {
   Delta delta;
@@ -30,7 +30,7 @@ ChatStream::Delta ChatStream::push(std::string_view text) {
 void ChatStream::advance(Delta& delta, bool final) {
   while (true) {
     switch (state_) {
-      case State::kThinkStart: {
+      case State::kThinkOpening: {
         if (held_.starts_with(kThinkStart)) {
           held_.erase(0, kThinkStart.size());
         } else if (!final && std::string_view(kThinkStart).starts_with(held_)) {
@@ -100,4 +100,4 @@ ChatStream::Delta ChatStream::finish() {
   return delta;
 }
 
-}  // namespace dsv4::server
+}  // namespace dsv4

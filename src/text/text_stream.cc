@@ -1,9 +1,11 @@
 // Incremental detokenization with stop strings (text_stream.h).
-#include "server/text_stream.h"
+#include "text/text_stream.h"
 
 #include <algorithm>
 
-namespace dsv4::server {
+#include "text/utf8.h"
+
+namespace dsv4 {
 
 TextStream::TextStream(const TextCodec& codec, std::vector<std::string> stop, bool include_stop_str_in_output,
                        bool skip_special_tokens)
@@ -44,12 +46,11 @@ std::string TextStream::release(bool final) {
     return out;
   }
   std::size_t keep = final || max_stop_ == 0 ? 0 : std::min(held_.size(), max_stop_ - 1);
-  std::size_t cut = held_.size() - keep;
   // Do not split a UTF-8 character: move the cut back to the start of one.
-  while (cut > 0 && cut < held_.size() && (static_cast<unsigned char>(held_[cut]) & 0xC0) == 0x80) --cut;
+  const std::size_t cut = utf8::char_start(held_, held_.size() - keep);
   std::string out = held_.substr(0, cut);
   held_.erase(0, cut);
   return out;
 }
 
-}  // namespace dsv4::server
+}  // namespace dsv4

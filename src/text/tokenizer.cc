@@ -25,7 +25,7 @@
 // Regex patterns are compiled by PCRE2 (UTF + UCP) as written: HF uses Oniguruma, which agrees
 // on everything DeepSeek's patterns use (\p{..} classes, ranges, lookahead); Oniguruma-only
 // syntax is not translated.
-#include "engine/tokenizer.h"
+#include "text/tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -39,144 +39,19 @@
 
 #include "common/error.h"
 #include "common/json_io.h"
+#include "common/json_reader.h"
+#include "text/byte_level.h"
+#include "text/utf8.h"
 
 namespace dsv4 {
 namespace {
 
 constexpr std::int32_t kMaxTokenId = (1 << 21) - 1;  // real vocabularies stay under 300k
 
-// ---- UTF-8 ------------------------------------------------------------------------------
-
-// What a UTF-8 lead byte promises (RFC 3629: no overlongs, no surrogates, nothing above
-// U+10FFFF): the character's length (0: not a lead byte) and the bounds of its second byte.
-struct Utf8Lead {
-  std::size_t len = 0;
-  unsigned char lo = 0x80, hi = 0xBF;
-};
-Utf8Lead utf8_lead(unsigned char b0) {
-  Utf8Lead lead;
-  if (b0 < 0x80) {
-    lead.len = 1;
-  } else if (b0 >= 0xC2 && b0 <= 0xDF) {
-    lead.len = 2;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    lead.len = 3;
-    if (b0 == 0xE0) lead.lo = 0xA0;
-    if (b0 == 0xED) lead.hi = 0x9F;
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    lead.len = 4;
-    if (b0 == 0xF0) lead.lo = 0x90;
-    if (b0 == 0xF4) lead.hi = 0x8F;
-  }
-  return lead;
-}
-
-// Length of the valid UTF-8 character starting at s[i], or 0 if the bytes there are not one.
-std::size_t utf8_char_len(std::string_view s, std::size_t i) {
-  const Utf8Lead lead = utf8_lead(static_cast<unsigned char>(s[i]));
-  if (lead.len <= 1) return lead.len;
-  if (i + lead.len > s.size()) return 0;
-  const auto b1 = static_cast<unsigned char>(s[i + 1]);
-  if (b1 < lead.lo || b1 > lead.hi) return 0;
-  for (std::size_t k = 2; k < lead.len; ++k) {
-    const auto b = static_cast<unsigned char>(s[i + k]);
-    if (b < 0x80 || b > 0xBF) return 0;
-  }
-  return lead.len;
-}
-
-// Number of bytes at the end of `s` that are the start of a valid UTF-8 character still
-// missing bytes (0..3). Such a tail may become valid when more bytes arrive; anything else is
-// either complete or can never become valid.
-std::size_t incomplete_utf8_tail(std::string_view s) {
-  const std::size_t n = s.size();
-  for (std::size_t k = 1; k <= 3 && k <= n; ++k) {
-    const auto b0 = static_cast<unsigned char>(s[n - k]);
-    if (b0 >= 0x80 && b0 <= 0xBF) continue;  // continuation byte: look further back
-    const Utf8Lead lead = utf8_lead(b0);
-    if (lead.len <= 1) return 0;       // ASCII or a byte that never starts a character
-    if (k >= lead.len) return 0;       // complete (or invalid): nothing to wait for
-    for (std::size_t j = 1; j < k; ++j) {
-      const auto b = static_cast<unsigned char>(s[n - k + j]);
-      const unsigned char jlo = j == 1 ? lead.lo : 0x80, jhi = j == 1 ? lead.hi : 0xBF;
-      if (b < jlo || b > jhi) return 0;
-    }
-    return k;
-  }
-  return 0;
-}
-
-void append_utf8(std::string& out, std::uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
-// Decodes the valid UTF-8 character at s[i] (len from utf8_char_len).
-std::uint32_t decode_utf8(std::string_view s, std::size_t i, std::size_t len) {
-  const auto b0 = static_cast<unsigned char>(s[i]);
-  if (len == 1) return b0;
-  std::uint32_t cp = b0 & (0x7F >> len);
-  for (std::size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-  return cp;
-}
-
-// ---- GPT-2 byte-level alphabet -------------------------------------------------------------
-
-// Printable bytes stand for themselves; the other 68 map to U+0100.. in byte order.
-struct ByteAlphabet {
-  std::array<std::string, 256> symbol;                   // byte -> UTF-8 of its character
-  std::unordered_map<std::uint32_t, unsigned char> byte;  // character -> byte
-
-  ByteAlphabet() {
-    std::uint32_t next = 256;
-    for (std::uint32_t b = 0; b < 256; ++b) {
-      const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-      const std::uint32_t cp = printable ? b : next++;
-      append_utf8(symbol[b], cp);
-      byte[cp] = static_cast<unsigned char>(b);
-    }
-  }
-};
-
-const ByteAlphabet& byte_alphabet() {
-  static const ByteAlphabet alphabet;
-  return alphabet;
-}
-
-// A vocab token's bytes: each character through the byte table, or the raw spelling if some
-// character is not in it (HF's ByteLevel decoder).
+// A vocab token's bytes: each character through the byte-level alphabet, or the raw spelling
+// if some character is not in it (HF's ByteLevel decoder).
 std::string byte_level_decode(std::string_view spelling) {
-  const auto& table = byte_alphabet().byte;
-  std::string out;
-  for (std::size_t i = 0; i < spelling.size();) {
-    const std::size_t len = utf8_char_len(spelling, i);
-    if (len == 0) return std::string(spelling);
-    auto it = table.find(decode_utf8(spelling, i, len));
-    if (it == table.end()) return std::string(spelling);
-    out += static_cast<char>(it->second);
-    i += len;
-  }
-  return out;
-}
-
-std::string byte_level_encode(std::string_view bytes) {
-  const auto& alphabet = byte_alphabet();
-  std::string out;
-  for (char c : bytes) out += alphabet.symbol[static_cast<unsigned char>(c)];
-  return out;
+  return byte_level::decode(spelling).value_or(std::string(spelling));
 }
 
 // ---- Split regexes -----------------------------------------------------------------------------
@@ -247,7 +122,7 @@ void apply_split(const SplitStep& step, std::string_view text, std::vector<std::
     previous = end;
     if (end == begin) {  // empty match: step over one character
       if (begin >= text.size()) break;
-      position = begin + std::max<std::size_t>(1, utf8_char_len(text, begin));
+      position = begin + std::max<std::size_t>(1, utf8::char_length(text, begin));
     } else {
       position = end;
     }
@@ -360,33 +235,12 @@ class AddedTokenTrie {
   std::vector<Node> nodes_;
 };
 
-// ---- JSON field helpers -----------------------------------------------------------------------
+// ---- tokenizer.json fields -------------------------------------------------------------------
 
-const Json* field(const Json& object, const char* key) {
-  auto it = object.find(key);
-  return it == object.end() ? nullptr : &*it;
-}
+// tokenizer.json as Hugging Face writes it: null means unset.
+constexpr JsonRules kTokenizerRules{.null_is_absent = true};
 
-bool bool_field(const Json& object, const char* key, bool fallback, const std::string& where) {
-  const Json* value = field(object, key);
-  if (value == nullptr || value->is_null()) return fallback;
-  if (!value->is_boolean()) fail("{}: \"{}\" must be a boolean, found {}", where, key, json_type_name(*value));
-  return value->get<bool>();
-}
-
-std::string string_field(const Json& object, const char* key, const std::string& where) {
-  const Json* value = field(object, key);
-  if (value == nullptr) fail("{}: missing \"{}\"", where, key);
-  if (!value->is_string()) fail("{}: \"{}\" must be a string, found {}", where, key, json_type_name(*value));
-  return value->get<std::string>();
-}
-
-std::int32_t id_value(const Json& value, const std::string& where) {
-  if (!value.is_number_integer()) fail("{}: token id must be an integer, found {}", where, json_type_name(value));
-  const auto id = value.get<std::int64_t>();
-  if (id < 0 || id > kMaxTokenId) fail("{}: token id {} out of range [0, {}]", where, id, kMaxTokenId);
-  return static_cast<std::int32_t>(id);
-}
+std::int32_t read_token_id(const JsonField& value) { return static_cast<std::int32_t>(value.integer(0, kMaxTokenId)); }
 
 std::uint64_t pair_key(std::int32_t a, std::int32_t b) {
   return (static_cast<std::uint64_t>(static_cast<std::uint32_t>(a)) << 32) | static_cast<std::uint32_t>(b);
@@ -436,7 +290,7 @@ void Tokenizer::Impl::pre_tokenize(std::string_view text, std::vector<std::strin
   };
   std::size_t run_start = 0, i = 0;
   while (i < text.size()) {
-    const std::size_t len = utf8_char_len(text, i);
+    const std::size_t len = utf8::char_length(text, i);
     if (len != 0) {
       i += len;
       continue;
@@ -455,7 +309,7 @@ void Tokenizer::Impl::bpe(std::string_view piece, std::vector<std::int32_t>& out
     return;
   }
   if (ignore_merges) {
-    auto it = vocab.find(byte_level_encode(piece));
+    auto it = vocab.find(byte_level::encode(piece));
     if (it != vocab.end()) {
       out.push_back(it->second);
       return;
@@ -531,114 +385,95 @@ SplitBehavior parse_behavior(const std::string& name, const std::string& where) 
   fail("{}: Split behavior {:?} is not supported", where, name);
 }
 
-void parse_byte_level(const Json& j, std::vector<SplitStep>& steps, const std::string& where) {
-  if (bool_field(j, "add_prefix_space", false, where))
-    fail("{}: ByteLevel add_prefix_space=true is not supported", where);
-  if (bool_field(j, "use_regex", true, where))
-    steps.push_back(make_split(kGpt2Pattern, false, SplitBehavior::kIsolated, false, where));
+void parse_byte_level(const JsonObject& j, std::vector<SplitStep>& steps) {
+  if (j.optional_boolean("add_prefix_space").value_or(false))
+    fail("{}: ByteLevel add_prefix_space=true is not supported", j.where());
+  if (j.optional_boolean("use_regex").value_or(true))
+    steps.push_back(make_split(kGpt2Pattern, false, SplitBehavior::kIsolated, false, j.where()));
 }
 
-void parse_pre_tokenizer(const Json* j, std::vector<SplitStep>& steps, const std::string& where) {
-  const std::string here = where + ": pre_tokenizer";
-  if (j == nullptr || j->is_null())
-    fail("{} is missing: only byte-level BPE (a ByteLevel pre-tokenizer) is supported", here);
-  if (!j->is_object()) fail("{} must be an object, found {}", here, json_type_name(*j));
-  std::vector<const Json*> list;
-  const std::string type = string_field(*j, "type", here);
-  if (type == "Sequence") {
-    const Json* items = field(*j, "pretokenizers");
-    if (items == nullptr || !items->is_array()) fail("{}: Sequence needs a \"pretokenizers\" array", here);
-    for (const auto& item : *items) list.push_back(&item);
+void parse_pre_tokenizer(const JsonObject& root, std::vector<SplitStep>& steps) {
+  const std::optional<JsonObject> pre = root.optional_object("pre_tokenizer");
+  if (!pre)
+    fail("{}: pre_tokenizer is missing: only byte-level BPE (a ByteLevel pre-tokenizer) is supported", root.where());
+  std::vector<JsonObject> list;
+  if (pre->string("type") == "Sequence") {
+    for (const JsonField& item : pre->array("pretokenizers")) list.push_back(item.object());
   } else {
-    list.push_back(j);
+    list.push_back(*pre);
   }
   bool byte_level = false;
-  for (std::size_t i = 0; i < list.size(); ++i) {
-    const Json& p = *list[i];
-    const std::string at = fmt::format("{}[{}]", here, i);
-    if (!p.is_object()) fail("{} must be an object, found {}", at, json_type_name(p));
-    const std::string kind = string_field(p, "type", at);
+  for (const JsonObject& p : list) {
+    const std::string at = p.where();
+    const std::string kind = p.string("type");
     if (byte_level) fail("{}: {} after ByteLevel is not supported (ByteLevel must come last)", at, kind);
     if (kind == "ByteLevel") {
-      parse_byte_level(p, steps, at);
+      parse_byte_level(p, steps);
       byte_level = true;
     } else if (kind == "Split") {
-      const Json* pattern = field(p, "pattern");
-      if (pattern == nullptr || !pattern->is_object()) fail("{}: Split needs a \"pattern\" object", at);
-      const bool invert = bool_field(p, "invert", false, at);
-      const auto behavior = parse_behavior(string_field(p, "behavior", at), at);
-      if (const Json* regex = field(*pattern, "Regex")) {
-        if (!regex->is_string()) fail("{}: pattern.Regex must be a string", at);
-        steps.push_back(make_split(regex->get<std::string>(), false, behavior, invert, at));
-      } else if (const Json* literal = field(*pattern, "String")) {
-        if (!literal->is_string()) fail("{}: pattern.String must be a string", at);
-        steps.push_back(make_split(literal->get<std::string>(), true, behavior, invert, at));
+      const JsonObject pattern = p.object("pattern");
+      const bool invert = p.optional_boolean("invert").value_or(false);
+      const auto behavior = parse_behavior(p.string("behavior"), at);
+      if (const auto regex = pattern.optional_string("Regex")) {
+        steps.push_back(make_split(*regex, false, behavior, invert, at));
+      } else if (const auto literal = pattern.optional_string("String")) {
+        steps.push_back(make_split(*literal, true, behavior, invert, at));
       } else {
         fail("{}: Split pattern must have \"Regex\" or \"String\"", at);
       }
     } else if (kind == "Digits") {
-      const bool individual = bool_field(p, "individual_digits", false, at);
+      const bool individual = p.optional_boolean("individual_digits").value_or(false);
       steps.push_back(make_split(individual ? R"(\p{N})" : R"(\p{N}+)", false, SplitBehavior::kIsolated, false, at));
     } else {
       fail("{}: pre-tokenizer type {:?} is not supported", at, kind);
     }
   }
-  if (!byte_level) fail("{}: no ByteLevel step: only byte-level BPE is supported", here);
+  if (!byte_level) fail("{}: no ByteLevel step: only byte-level BPE is supported", pre->where());
 }
 
-void check_normalizer(const Json* j, const std::string& where) {
-  if (j == nullptr || j->is_null()) return;
-  const std::string here = where + ": normalizer";
-  if (!j->is_object()) fail("{} must be an object or null, found {}", here, json_type_name(*j));
-  const std::string type = string_field(*j, "type", here);
+void check_normalizer(const JsonObject& root) {
+  const std::optional<JsonObject> normalizer = root.optional_object("normalizer");
+  if (!normalizer) return;
+  const std::string type = normalizer->string("type");
   if (type == "Sequence") {
-    const Json* items = field(*j, "normalizers");
-    if (items != nullptr && items->is_array() && items->empty()) return;
+    const auto items = normalizer->optional_array("normalizers");
+    if (items && items->empty()) return;
   }
-  fail("{}: normalizer {:?} is not supported (only none, or an empty Sequence)", here, type);
+  fail("{}: normalizer {:?} is not supported (only none, or an empty Sequence)", normalizer->where(), type);
 }
 
-void check_decoder(const Json* j, const std::string& where) {
-  const std::string here = where + ": decoder";
-  if (j == nullptr || j->is_null()) fail("{} is missing: only a ByteLevel decoder is supported", here);
-  if (!j->is_object()) fail("{} must be an object, found {}", here, json_type_name(*j));
-  const std::string type = string_field(*j, "type", here);
-  if (type != "ByteLevel") fail("{}: decoder {:?} is not supported (only ByteLevel)", here, type);
+void check_decoder(const JsonObject& root) {
+  const std::optional<JsonObject> decoder = root.optional_object("decoder");
+  if (!decoder) fail("{}: decoder is missing: only a ByteLevel decoder is supported", root.where());
+  const std::string type = decoder->string("type");
+  if (type != "ByteLevel") fail("{}: decoder {:?} is not supported (only ByteLevel)", decoder->where(), type);
 }
 
 }  // namespace
 
 Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& where) {
   const Json j = parse_json(text, where);
-  if (!j.is_object()) fail("{}: expected a JSON object, found {}", where, json_type_name(j));
+  const JsonObject root(j, where, kTokenizerRules);
   auto impl = std::make_unique<Impl>();
 
-  check_normalizer(field(j, "normalizer"), where);
-  parse_pre_tokenizer(field(j, "pre_tokenizer"), impl->steps, where);
-  check_decoder(field(j, "decoder"), where);
+  check_normalizer(root);
+  parse_pre_tokenizer(root, impl->steps);
+  check_decoder(root);
 
   // Model.
-  const Json* model = field(j, "model");
-  if (model == nullptr || model->is_null()) fail("{}: missing \"model\"", where);
-  const std::string mwhere = where + ": model";
-  if (!model->is_object()) fail("{} must be an object, found {}", mwhere, json_type_name(*model));
-  if (const Json* type = field(*model, "type")) {
-    if (!type->is_string() || type->get<std::string>() != "BPE")
-      fail("{}: model type {} is not supported (only BPE)", mwhere, type->dump());
-  }
-  if (const Json* dropout = field(*model, "dropout"); dropout != nullptr && !dropout->is_null()) {
-    if (!dropout->is_number() || dropout->get<double>() != 0.0)
-      fail("{}: BPE dropout is not supported", mwhere);
-  }
+  const JsonObject model = root.object("model");
+  const std::string mwhere = model.where();
+  if (const auto type = model.find("type"); type && type->json() != "BPE")
+    fail("{}: model type {} is not supported (only BPE)", mwhere, type->json().dump());
+  if (const auto dropout = model.optional_number("dropout"); dropout && *dropout != 0.0)
+    fail("{}: BPE dropout is not supported", mwhere);
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    const Json* value = field(*model, key);
-    if (value != nullptr && !value->is_null() && !(value->is_string() && value->get<std::string>().empty()))
+    if (const auto value = model.find(key); value && value->json() != "")
       fail("{}: {} is not supported", mwhere, key);
   }
-  impl->ignore_merges = bool_field(*model, "ignore_merges", false, mwhere);
+  impl->ignore_merges = model.optional_boolean("ignore_merges").value_or(false);
 
-  const Json* vocab = field(*model, "vocab");
-  if (vocab == nullptr || !vocab->is_object()) fail("{}: \"vocab\" must be an object of token -> id", mwhere);
+  const JsonObject vocab = model.object("vocab");
   std::vector<std::string> spelling;  // id -> spelling, for conflict messages
   auto ensure_id = [&](std::int32_t id) {
     const auto size = static_cast<std::size_t>(id) + 1;
@@ -648,8 +483,9 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& wh
       spelling.resize(size);
     }
   };
-  for (const auto& [token, value] : vocab->items()) {
-    const std::int32_t id = id_value(value, fmt::format("{}: vocab[{:?}]", mwhere, token));
+  for (const auto& [token, value] : vocab.json().items()) {
+    const std::int32_t id =
+        read_token_id(JsonField(value, where, fmt::format("model.vocab[{:?}]", token), kTokenizerRules));
     ensure_id(id);
     if (impl->kind[static_cast<std::size_t>(id)] != Impl::kNone)
       fail("{}: duplicate id {} in vocab ({:?} and {:?})", mwhere, id, spelling[static_cast<std::size_t>(id)], token);
@@ -658,22 +494,21 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& wh
     spelling[static_cast<std::size_t>(id)] = token;
     impl->vocab.emplace(token, id);
   }
-  const auto& alphabet = byte_alphabet();
   for (std::size_t b = 0; b < 256; ++b) {
-    auto it = impl->vocab.find(alphabet.symbol[b]);
+    const std::string& symbol = byte_level::symbol(static_cast<unsigned char>(b));
+    auto it = impl->vocab.find(symbol);
     if (it == impl->vocab.end())
-      fail("{}: vocab lacks the byte-level symbol {:?} for byte 0x{:02X}", mwhere, alphabet.symbol[b], b);
+      fail("{}: vocab lacks the byte-level symbol {:?} for byte 0x{:02X}", mwhere, symbol, b);
     impl->byte_id[b] = it->second;
   }
 
-  const Json* merges = field(*model, "merges");
-  if (merges == nullptr || !merges->is_array()) fail("{}: \"merges\" must be an array", mwhere);
-  for (std::size_t rank = 0; rank < merges->size(); ++rank) {
-    const Json& m = (*merges)[rank];
-    const std::string at = fmt::format("{}: merges[{}]", mwhere, rank);
+  const std::vector<JsonField> merges = model.array("merges");
+  for (std::size_t rank = 0; rank < merges.size(); ++rank) {
+    const Json& m = merges[rank].json();
+    const std::string at = merges[rank].where();
     std::string left, right;
     if (m.is_string()) {
-      const std::string line = m.get<std::string>();
+      const std::string& line = m.get_ref<const std::string&>();
       const auto space = line.find(' ');
       if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos)
         fail("{}: {:?} is not two tokens separated by one space", at, line);
@@ -683,7 +518,7 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& wh
       left = m[0].get<std::string>();
       right = m[1].get<std::string>();
     } else {
-      fail("{}: expected \"a b\" or [\"a\", \"b\"], found {}", at, m.dump());
+      merges[rank].wrong_type("\"a b\" or [\"a\", \"b\"]");
     }
     auto a = impl->vocab.find(left), b = impl->vocab.find(right), ab = impl->vocab.find(left + right);
     if (a == impl->vocab.end()) fail("{}: {:?} is not in the vocab", at, left);
@@ -695,21 +530,17 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& wh
   }
 
   // Added tokens.
-  if (const Json* added = field(j, "added_tokens"); added != nullptr && !added->is_null()) {
-    if (!added->is_array()) fail("{}: \"added_tokens\" must be an array", where);
-    for (std::size_t i = 0; i < added->size(); ++i) {
-      const Json& t = (*added)[i];
-      const std::string at = fmt::format("{}: added_tokens[{}]", where, i);
-      if (!t.is_object()) fail("{} must be an object, found {}", at, json_type_name(t));
-      const Json* id_json = field(t, "id");
-      if (id_json == nullptr) fail("{}: missing \"id\"", at);
-      const std::int32_t id = id_value(*id_json, at);
-      const std::string content = string_field(t, "content", at);
+  if (const auto added = root.optional_array("added_tokens")) {
+    for (const JsonField& item : *added) {
+      const JsonObject t = item.object();
+      const std::string at = t.where();
+      const std::int32_t id = read_token_id(t.get("id"));
+      const std::string content = t.string("content");
       if (content.empty()) fail("{}: empty content", at);
-      const bool special = bool_field(t, "special", false, at);
-      const bool normalized = bool_field(t, "normalized", !special, at);
+      const bool special = t.optional_boolean("special").value_or(false);
+      const bool normalized = t.optional_boolean("normalized").value_or(!special);
       for (const char* key : {"lstrip", "rstrip", "single_word"})
-        if (bool_field(t, key, false, at)) fail("{}: {}=true is not supported", at, key);
+        if (t.optional_boolean(key).value_or(false)) fail("{}: {}=true is not supported", at, key);
       ensure_id(id);
       auto& k = impl->kind[static_cast<std::size_t>(id)];
       const std::string& existing = spelling[static_cast<std::size_t>(id)];
@@ -728,8 +559,7 @@ Tokenizer Tokenizer::from_json_text(std::string_view text, const std::string& wh
   }
   // "post_processor" only acts with add_special_tokens=True, which encode() does not offer.
   for (const char* key : {"truncation", "padding"})
-    if (const Json* value = field(j, key); value != nullptr && !value->is_null())
-      fail("{}: \"{}\" is not supported (must be null)", where, key);
+    if (root.has(key)) fail("{}: \"{}\" is not supported (must be null)", where, key);
   return Tokenizer(std::move(impl));
 }
 
@@ -822,7 +652,7 @@ Tokenizer::StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_sp
 std::string Tokenizer::StreamDecoder::push(std::int32_t id) {
   const std::int32_t one[1] = {id};
   pending_ += tokenizer_->decode(one, skip_special_);
-  const std::size_t keep = incomplete_utf8_tail(pending_);
+  const std::size_t keep = utf8::incomplete_tail(pending_);
   std::string ready = pending_.substr(0, pending_.size() - keep);
   pending_.erase(0, pending_.size() - keep);
   return ready;

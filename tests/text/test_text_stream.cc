@@ -1,10 +1,9 @@
-// Incremental detokenization and stop strings (server/text_stream.h), on the byte codec.
+// Incremental detokenization and stop strings (text/text_stream.h), on the byte codec.
 #include <gtest/gtest.h>
 
-#include "model/presets.h"
-#include "server/text_stream.h"
+#include "text/text_stream.h"
 
-namespace dsv4::server {
+namespace dsv4 {
 namespace {
 
 std::int32_t byte_token(char c) { return static_cast<unsigned char>(c) + 3; }
@@ -22,7 +21,7 @@ std::string run(TextStream& s, const std::string& text, bool finish = true) {
 
 class TextStreamTest : public ::testing::Test {
  protected:
-  std::unique_ptr<TextCodec> codec = make_byte_codec(tiny_config());
+  std::unique_ptr<TextCodec> codec = make_byte_codec({.size = 4096, .bos_id = 0, .eos_id = 1});
 };
 
 TEST_F(TextStreamTest, WithoutStopStringsTextFlowsAtOnce) {
@@ -79,16 +78,24 @@ TEST_F(TextStreamTest, SpecialTokensSkippedOrShown) {
   EXPECT_EQ(show.push(1), "<eos>");
 }
 
-TEST(CompleteUtf8Prefix, Cases) {
-  EXPECT_EQ(complete_utf8_prefix("abc"), 3u);
-  EXPECT_EQ(complete_utf8_prefix("a\xe2"), 1u);
-  EXPECT_EQ(complete_utf8_prefix("a\xe2\x98"), 1u);
-  EXPECT_EQ(complete_utf8_prefix("a\xe2\x98\x83"), 4u);
-  EXPECT_EQ(complete_utf8_prefix("\xf0\x9f\x98"), 0u);
-  EXPECT_EQ(complete_utf8_prefix("a\x80"), 2u);  // a stray continuation byte is not waited for
-  EXPECT_EQ(complete_utf8_prefix("a\xff"), 2u);
-  EXPECT_EQ(complete_utf8_prefix(""), 0u);
+// Bytes that can never become a character (text/utf8.h's strict rule) flow at once; the
+// byte codec used to wait for more after an overlong, surrogate or out-of-range lead.
+TEST_F(TextStreamTest, InvalidBytesAreNotWaitedFor) {
+  TextStream s(*codec, {}, false, true);
+  EXPECT_EQ(run(s, "\xC0" "a"), "\xC0|a|");
+  TextStream overlong(*codec, {}, false, true);
+  EXPECT_EQ(run(overlong, "\xE0\x80" "a"), "|\xE0\x80|a|");
+  TextStream surrogate(*codec, {}, false, true);
+  EXPECT_EQ(run(surrogate, "\xED\xA0" "a"), "|\xED\xA0|a|");
+  TextStream too_high(*codec, {}, false, true);
+  EXPECT_EQ(run(too_high, "\xF4\x90"), "|\xF4\x90|");
+  TextStream f5(*codec, {}, false, true);
+  EXPECT_EQ(run(f5, "\xF5" "a"), "\xF5|a|");
+  // Stray continuation bytes are characters of their own: a stop-string hold-back does not
+  // pull the cut back over them.
+  TextStream held(*codec, {"zz"}, false, true);
+  EXPECT_EQ(run(held, "\x80\x80\x80"), "|\x80|\x80|\x80");
 }
 
 }  // namespace
-}  // namespace dsv4::server
+}  // namespace dsv4

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "server/text_codec.h"
+#include "text/text_codec.h"
 
-namespace dsv4::server {
+namespace dsv4 {
 
 class TextStream {
  public:
@@ -42,4 +42,4 @@ class TextStream {
   std::string stop_string_;
 };
 
-}  // namespace dsv4::server
+}  // namespace dsv4

@@ -1,21 +1,22 @@
-// The TextCodec of a model with a tokenizer.json (text_codec.h, engine/tokenizer.h).
+// The TextCodec of a model with a tokenizer.json (text_codec.h, tokenizer.h).
 #include <fmt/format.h>
 
 #include "common/error.h"
 #include "common/json_io.h"
-#include "engine/tokenizer.h"
-#include "server/text_codec.h"
+#include "common/json_reader.h"
+#include "text/text_codec.h"
+#include "text/tokenizer.h"
 
-namespace dsv4::server {
+namespace dsv4 {
 
-std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelConfig& config);
+std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelVocab& vocab);
 
 namespace {
 
 class TokenizerCodec final : public TextCodec {
  public:
-  TokenizerCodec(Tokenizer tokenizer, const ModelConfig& config, bool add_bos)
-      : tokenizer_(std::move(tokenizer)), bos_(static_cast<std::int32_t>(config.bos_token_id)), add_bos_(add_bos) {}
+  TokenizerCodec(Tokenizer tokenizer, const ModelVocab& vocab, bool add_bos)
+      : tokenizer_(std::move(tokenizer)), bos_(vocab.bos_id), add_bos_(add_bos) {}
 
   std::string_view kind() const override { return "tokenizer"; }
 
@@ -55,20 +56,21 @@ class TokenizerCodec final : public TextCodec {
 
 }  // namespace
 
-std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelConfig& config) {
+std::unique_ptr<TextCodec> make_tokenizer_codec(const std::filesystem::path& tokenizer_json, const ModelVocab& vocab) {
   Tokenizer tokenizer = Tokenizer::from_file(tokenizer_json);
-  if (tokenizer.vocab_size() > config.vocab_size) {
+  if (tokenizer.vocab_size() > vocab.size) {
     fail("{} has {} tokens, more than the model's vocab_size {}", tokenizer_json.string(), tokenizer.vocab_size(),
-         config.vocab_size);
+         vocab.size);
   }
   // Hugging Face's add_bos_token (tokenizer_config.json) decides whether prompts start with BOS.
   bool add_bos = false;
   const std::filesystem::path config_json = tokenizer_json.parent_path() / "tokenizer_config.json";
   if (std::filesystem::exists(config_json)) {
     const Json tc = read_json_file(config_json);
-    if (auto it = tc.find("add_bos_token"); it != tc.end() && it->is_boolean()) add_bos = it->get<bool>();
+    const JsonObject fields(tc, config_json.string(), {.null_is_absent = true});
+    add_bos = fields.optional_boolean("add_bos_token").value_or(false);
   }
-  return std::make_unique<TokenizerCodec>(std::move(tokenizer), config, add_bos);
+  return std::make_unique<TokenizerCodec>(std::move(tokenizer), vocab, add_bos);
 }
 
-}  // namespace dsv4::server
+}  // namespace dsv4

@@ -14,32 +14,17 @@
 
 #include "common/error.h"
 #include "common/json_io.h"
-#include "engine/bpe_trainer.h"
-#include "engine/tokenizer.h"
+#include "text/bpe_trainer.h"
+#include "text/tokenizer.h"
+#include "text/utf8.h"
 
 namespace dsv4 {
 namespace {
 
 const std::filesystem::path kGoldens =
-    std::filesystem::path(DSV4_SOURCE_DIR) / "tests/tokenizer/tiny_tokenizer_goldens.json";
+    std::filesystem::path(DSV4_SOURCE_DIR) / "tests/text/tiny_tokenizer_goldens.json";
 
 // ---- helpers -------------------------------------------------------------------------------------
-
-bool valid_utf8(std::string_view s) {
-  for (std::size_t i = 0; i < s.size();) {
-    const auto b = static_cast<unsigned char>(s[i]);
-    std::size_t len = b < 0x80 ? 1 : b >= 0xC2 && b <= 0xDF ? 2 : b >= 0xE0 && b <= 0xEF ? 3 : b >= 0xF0 && b <= 0xF4 ? 4 : 0;
-    if (len == 0 || i + len > s.size()) return false;
-    for (std::size_t k = 1; k < len; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
-    if (b == 0xE0 && static_cast<unsigned char>(s[i + 1]) < 0xA0) return false;
-    if (b == 0xED && static_cast<unsigned char>(s[i + 1]) > 0x9F) return false;
-    if (b == 0xF0 && static_cast<unsigned char>(s[i + 1]) < 0x90) return false;
-    if (b == 0xF4 && static_cast<unsigned char>(s[i + 1]) > 0x8F) return false;
-    i += len;
-  }
-  return true;
-}
 
 std::uint64_t fnv1a64(std::string_view bytes) {
   std::uint64_t h = 0xcbf29ce484222325ull;
@@ -121,7 +106,7 @@ std::string* TinyTokenizer::json_ = nullptr;
 TEST_F(TinyTokenizer, WritesFiles) {
   const char* env = std::getenv("DSV4_WRITE_TINY_TOKENIZER");
   const std::filesystem::path dir = env != nullptr ? std::filesystem::path(env)
-                                                   : std::filesystem::path(DSV4_BINARY_DIR) / "tests/tokenizer" /
+                                                   : std::filesystem::path(DSV4_BINARY_DIR) / "tests/text" /
                                                          fmt::format("tiny_tokenizer.{}", ::getpid());
   write_tiny_tokenizer(dir);
   EXPECT_EQ(read_text_file(dir / "tokenizer.json"), json());
@@ -156,7 +141,7 @@ TEST_F(TinyTokenizer, MatchesTokenizersJsGoldens) {
   EXPECT_EQ(hash, goldens.at("tokenizer_json_fnv1a64").get<std::string>())
       << "the trained tokenizer differs from the one the goldens were made for (changed license "
          "texts in /usr/share/common-licenses, or a trainer change): regenerate them with "
-         "tests/tokenizer/make_goldens.mjs";
+         "tests/text/make_goldens.mjs";
   ASSERT_GE(goldens.at("cases").size(), 20u);
   for (const auto& c : goldens.at("cases")) {
     const std::string text = c.at("text").get<std::string>();
@@ -271,8 +256,8 @@ TEST_F(TinyTokenizer, StreamDecoderMatchesDecodeAndKeepsCharactersWhole) {
       std::string joined;
       for (auto id : encoded) {
         const std::string chunk = stream.push(id);
-        if (valid_utf8(text)) {
-          EXPECT_TRUE(valid_utf8(chunk)) << "split character in " << text;
+        if (utf8::is_valid(text)) {
+          EXPECT_TRUE(utf8::is_valid(chunk)) << "split character in " << text;
         }
         joined += chunk;
       }
@@ -407,11 +392,19 @@ TEST(TokenizerErrors, MalformedFiles) {
   ASSERT_NO_THROW(load(good));
 
   expect_text_error("{not json", "invalid JSON");
+  {
+    // A token listed twice in the vocab (HF would keep one silently): refused, naming it.
+    std::string text = good.dump();
+    const std::size_t at = text.find("\"vocab\":{");
+    ASSERT_NE(at, std::string::npos);
+    text.insert(at + std::string("\"vocab\":{").size(), "\"ab\":3,");
+    expect_text_error(text, "key 'ab' is listed more than once in \"model.vocab\"");
+  }
   expect_text_error("[1, 2]", "expected a JSON object");
   {
     Json j = good;
     j.erase("model");
-    expect_error(j, "missing \"model\"");
+    expect_error(j, "missing field 'model'");
   }
   {
     Json j = good;
@@ -520,6 +513,16 @@ TEST(TokenizerErrors, MalformedFiles) {
     Json j = good;
     j["added_tokens"] = {{{"id", 300}, {"content", ""}}};
     expect_error(j, "empty content");
+  }
+  {
+    // Fields are read by the one JSON reader: source, field, expected and found.
+    Json j = good;
+    j["added_tokens"] = {{{"id", 300}, {"content", "<x>"}, {"special", "yes"}}};
+    expect_error(j, "bad/tokenizer.json: field 'added_tokens[0].special' must be true or false, found string");
+    j["added_tokens"] = {{{"id", 1.5}, {"content", "<x>"}}};
+    expect_error(j, "field 'added_tokens[0].id' must be an integer, found number 1.5");
+    j["added_tokens"] = {{{"content", "<x>"}}};
+    expect_error(j, "missing field 'added_tokens[0].id'");
   }
 }
 
