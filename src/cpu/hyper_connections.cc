@@ -35,8 +35,9 @@ void hc_mixes(std::span<const float> h, std::span<const float> fn, const HcParam
   const auto n_mix = static_cast<std::int64_t>(mixes.size());
   expect(static_cast<std::int64_t>(h.size()) == n, "hc_mixes", "h", h.size(), n);
   expect(static_cast<std::int64_t>(fn.size()) == n_mix * n, "hc_mixes", "fn", fn.size(), n_mix * n);
-  float sum = 0.0f;
-  for (const float v : h) sum += v * v;
+  // Blocked order (blocked_dot) for the sum of squares as for the dot products: the GPU adds in
+  // exactly this order.
+  const float sum = blocked_dot(h.data(), h.data(), n, kActQuantBlock);
   const float r = 1.0f / std::sqrt(sum / static_cast<float>(n) + p.norm_eps);
   for (std::int64_t m = 0; m < n_mix; ++m) {
     mixes[static_cast<std::size_t>(m)] = blocked_dot(h.data(), fn.data() + m * n, n, kActQuantBlock) * r;

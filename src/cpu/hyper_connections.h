@@ -2,7 +2,7 @@
 // Block.hc_pre / hc_post, ParallelHead.hc_head, kernel.py hc_split_sinkhorn).
 //
 // The residual stream h is [hc, dim] (bf16 values), stream i at h[i * dim].
-//   hc_mixes:   X = h as fp32 [hc*dim]; r = 1 / sqrt((sum_k X_k^2, sequential) / (hc*dim) + norm_eps);
+//   hc_mixes:   X = h as fp32 [hc*dim]; r = 1 / sqrt(blocked_dot(X, X) / (hc*dim) + norm_eps);
 //               mixes[m] = blocked_dot(X, fn[m]) * r          (fn [n_mix, hc*dim], fp32)
 //   hc_split_sinkhorn (fp32, the kernel's order of operations):
 //               pre_i  = sigmoid(mixes[i] * scale[0] + base[i]) + eps

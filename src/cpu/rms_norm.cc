@@ -2,9 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
+#include "cpu/linear.h"
 #include "numerics/bf16.h"
 
 namespace dsv4 {
@@ -19,8 +21,8 @@ void rms_norm(std::span<const float> x, std::int64_t rows, std::span<const float
   for (std::int64_t r = 0; r < rows; ++r) {
     const float* xr = x.data() + r * n;
     float* yr = out.data() + r * n;
-    float sum = 0.0f;
-    for (std::int64_t k = 0; k < n; ++k) sum += xr[k] * xr[k];
+    // Blocked order (blocked_dot): the GPU's RMSNorm adds in exactly this order.
+    const float sum = blocked_dot(xr, xr, n, kActQuantBlock);
     const float ms = sum / static_cast<float>(n);
     const float inv = 1.0f / std::sqrt(ms + eps);
     for (std::int64_t k = 0; k < n; ++k) yr[k] = round_to_bf16(weight[static_cast<std::size_t>(k)] * (xr[k] * inv));
@@ -34,8 +36,13 @@ void head_rms_norm_bf16(std::span<float> q, std::int64_t head_dim, float eps) {
   }
   for (std::size_t h = 0; h < q.size(); h += static_cast<std::size_t>(head_dim)) {
     float* qh = q.data() + h;
+    // Blocked order as blocked_dot (blocks of 128 left to right): the GPU adds in exactly this order.
     float sum = 0.0f;
-    for (std::int64_t k = 0; k < head_dim; ++k) sum += round_to_bf16(qh[k] * qh[k]);
+    for (std::int64_t start = 0; start < head_dim; start += kActQuantBlock) {
+      float part = 0.0f;
+      for (std::int64_t k = start; k < std::min(head_dim, start + kActQuantBlock); ++k) part += round_to_bf16(qh[k] * qh[k]);
+      sum += part;
+    }
     const float mean = round_to_bf16(sum / static_cast<float>(head_dim));
     const float a = round_to_bf16(mean + eps);
     const float r = round_to_bf16(1.0f / std::sqrt(a));

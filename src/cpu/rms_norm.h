@@ -2,13 +2,14 @@
 // RMSNorm and the per-head q normalisation in Attention.forward).
 //
 // rms_norm (attn_norm, ffn_norm, q_norm, kv_norm, compressor norms, final norm, enorm/hnorm):
-//   x is the bf16 input held as fp32. In fp32: ms = (sum_k x_k * x_k, sequential over k) / n;
+//   x is the bf16 input held as fp32. In fp32: ms = blocked_dot(x, x, n, 128) / n (blocks of
+//   128 summed left to right, block sums left to right: the order the GPU reproduces exactly);
 //   r = 1 / sqrt(ms + eps); y_k = bf16(w_k * (x_k * r))   -- the reference's
 //   `(weight * (x * rsqrt(var + eps))).to(bf16)` with the weight (a bf16 value) in fp32.
 //
 // head_rms_norm_bf16 (the weightless q head norm, `q *= rsqrt(q.square().mean(-1) + eps)` on a
 // bf16 tensor, so every elementwise step rounds to bf16):
-//   s_k = bf16(q_k * q_k); m = bf16((sum_k s_k, fp32 sequential) / n); a = bf16(m + eps);
+//   s_k = bf16(q_k * q_k); m = bf16((sum_k s_k, fp32 in the blocked order) / n); a = bf16(m + eps);
 //   r = bf16(1 / sqrt(a)); q_k = bf16(q_k * r).
 // Both work row by row (one row = one token or one head), so results never depend on batching.
 #pragma once

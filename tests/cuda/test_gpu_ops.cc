@@ -535,13 +535,10 @@ TEST(GpuOps, RmsNormRows) {
         const std::vector<float> got = from_bf16(alias ? dx.download() : dy.download());
         const ErrStats s = compare(got, ref);
         const std::string shape = fmt::format("rows {} dim {}{}", rows, dim, alias ? " in place" : "");
-        // Only the sum of squares is ordered differently: at most one bf16 ulp anywhere.
-        std::int64_t beyond_ulp = 0;
-        for (std::size_t i = 0; i < got.size(); ++i) beyond_ulp += !(std::fabs(got[i] - ref[i]) <= bf16_ulp(ref[i]));
+        // The sum of squares in the CPU's blocked order, every operation rounded alone: exact.
         EXPECT_EQ(s.nonfinite, 0) << shape;
-        EXPECT_LT(s.rel_l2(), 2e-3) << shape;
-        EXPECT_EQ(beyond_ulp, 0) << shape;
-        sweep.add("rms_norm_rows", fmt::format("dim {}{}", dim, alias ? " in place" : ""), s, "sum of squares in another order: bf16 flips (<= 1 ulp)");
+        EXPECT_EQ(s.differing, 0) << shape;
+        sweep.add("rms_norm_rows", fmt::format("dim {}{}", dim, alias ? " in place" : ""), s, "exact: blocked sum of squares");
       }
     }
     sweep.flush("rows 1,9,130");
@@ -580,14 +577,15 @@ TEST(GpuOps, HcPreAndPost) {
       const ErrStats sp = compare(dpost.download(), ref_post);
       const ErrStats sc = compare(dcomb.download(), ref_comb);
       const std::string sh = fmt::format("hc {} rows {} dim {}", hc, rows, dim);
+      // The mixes and the norm's sum of squares in the CPU's blocked order: bit-identical.
       EXPECT_EQ(sx.nonfinite + sp.nonfinite + sc.nonfinite, 0) << sh;
-      EXPECT_LT(sx.rel_l2(), 2e-3) << sh;  // exact up to the mixes' summation order
-      EXPECT_LT(sp.rel_l2(), 1e-5) << sh;
-      EXPECT_LT(sc.rel_l2(), 1e-5) << sh;
+      EXPECT_EQ(sx.differing, 0) << sh;
+      EXPECT_EQ(sp.differing, 0) << sh;
+      EXPECT_EQ(sc.differing, 0) << sh;
       const std::string key = fmt::format("hc {} dim {}", hc, dim);
-      sweep.add("hc_pre x", key, sx, "bf16, with attn_norm; mixes summed in another order");
-      sweep.add("hc_pre post", key, sp, "fp32");
-      sweep.add("hc_pre comb", key, sc, "fp32, 20 Sinkhorn iterations");
+      sweep.add("hc_pre x", key, sx, "exact: bf16, with attn_norm; blocked sums");
+      sweep.add("hc_pre post", key, sp, "exact: fp32");
+      sweep.add("hc_pre comb", key, sc, "exact: fp32, 20 Sinkhorn iterations");
 
       // hc_post on the CPU's post/comb and a random sub-layer output: the same fp32 ops in the
       // same order, so bit-identical.
@@ -650,9 +648,9 @@ TEST(GpuOps, HcHeadEmbedMtp) {
     const std::string sh = fmt::format("hc {} dim {} tokens {} rows {}", hc, dim, T, rows.size());
     EXPECT_EQ(s.nonfinite, 0) << sh;
     EXPECT_EQ(past, 0) << sh;
-    EXPECT_LT(s.rel_l2(), 2e-3) << sh;  // exact up to the mixes' summation order
+    EXPECT_EQ(s.differing, 0) << sh;  // blocked sums, as the CPU
     report(all ? "hc_head (all tokens)" : "hc_head (logits tokens)", sh, s, fmt::format("{}/{} differ", s.differing, s.n),
-           "with the final norm");
+           "exact: with the final norm");
   }
   // embed_streams: every stream a copy of the embedding row (exact).
   {

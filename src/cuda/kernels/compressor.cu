@@ -39,6 +39,7 @@ __global__ void __launch_bounds__(kStateThreads) state_kernel(CompressorArgs a) 
 
 __global__ void entries_kernel(CompressorArgs a) {
   __shared__ float buf[512];
+  __shared__ float blocks[512 / kSumBlock];
   __shared__ float scratch[32];
   const DeviceStep& st = *a.step;
   const DeviceCompression& cp = compression_of(a);
@@ -82,10 +83,12 @@ __global__ void entries_kernel(CompressorArgs a) {
   }
 
   // compressor_finish: bf16, RMSNorm (bf16), RoPE at j * r on the last 64 dims (bf16).
+  // (the sum of squares in the CPU's blocked order: bit-identical)
   const float x = round_bf16(acc);
-  const float total = block_sum(x * x, scratch);
+  buf[c] = x;
+  const float total = blocked_sum([&](std::int64_t k) { return mul_rn(buf[k], buf[k]); }, hd, blocks);
   const float inv = 1.0f / sqrtf(total / static_cast<float>(hd) + a.eps);
-  buf[c] = round_bf16(a.norm[c] * (x * inv));
+  buf[c] = round_bf16(a.norm[c] * (x * inv));  // every buf read of blocked_sum precedes its last barrier
   __syncthreads();
   float v = buf[c];
   if (c >= hd - kRopeDims) {

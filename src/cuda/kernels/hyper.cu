@@ -14,6 +14,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxHc = 4;
+constexpr int kMaxSumBlocks = 256;  // blocked sums over at most 256 * 128 values
 
 __device__ __forceinline__ bool row_live(std::int64_t row, std::int64_t rows, const std::int32_t* rows_dev) {
   return row < rows && (rows_dev == nullptr || row < *rows_dev);
@@ -48,75 +49,84 @@ __device__ __forceinline__ bool source_row(const RowSource& src, std::int64_t i,
   return true;
 }
 
-// Partial sums of the mixes (hc_mixes): block (i, split) reduces the elements
-// [split * chunk, (split + 1) * chunk) of row i's flattened streams to kMix dot products with fn
-// and the sum of squares, stored at partials[(i * splits + split) * (kMix + 1)]. Splitting the
-// 16384-long reduction over blocks keeps a decode step's few rows from running on a few SMs.
+// The raw mixes of hc_mixes in the CPU's blocked order (reduce.cuh blocked_sum): block (group of
+// kMixRows rows, m) computes, for m < kMix, row i's dot product of its flattened streams with fn
+// row m, and for m == kMix the sum of squares -- thread b the left-to-right sum of the 128-term
+// block b for each of the group's rows (fn read once for them), then thread r adds row r's block
+// sums left to right. raw[i * (kMix + 1) + m]. Rows of a group are live in order.
+constexpr int kMixRows = 8;
 template <int kMix>
-__global__ void __launch_bounds__(kThreads) mix_partials_kernel(const std::uint16_t* h, const float* fn, std::int64_t n,
-                                                                RowSource src, int splits, float* partials) {
-  __shared__ float red[(kMix + 1) * 32];
-  const std::int64_t i = blockIdx.x;
-  std::int64_t row = 0;
-  if (!source_row(src, i, &row)) return;
-  const std::int64_t chunk = (n + splits - 1) / splits;
-  const std::int64_t begin = static_cast<std::int64_t>(blockIdx.y) * chunk, end = begin + chunk < n ? begin + chunk : n;
-  const std::uint16_t* hrow = h + row * n;
-  float dot[kMix];
-  DSV4_UNROLL
-  for (int m = 0; m < kMix; ++m) dot[m] = 0.0f;
-  float sumsq = 0.0f;
-  for (std::int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
-    const float v = bf16_value(hrow[k]);
-    sumsq += v * v;
-    DSV4_UNROLL
-    for (int m = 0; m < kMix; ++m) dot[m] += v * fn[m * n + k];
+__global__ void __launch_bounds__(kThreads) mix_sums_kernel(const std::uint16_t* h, const float* fn, std::int64_t n,
+                                                            RowSource src, float* raw) {
+  __shared__ float part[kMixRows][kThreads];
+  const int m = blockIdx.y;
+  const std::int64_t i0 = static_cast<std::int64_t>(blockIdx.x) * kMixRows;
+  const std::uint16_t* rows[kMixRows];
+  int live = 0;
+  for (int r = 0; r < kMixRows; ++r) {
+    std::int64_t row = 0;
+    if (!source_row(src, i0 + r, &row)) break;
+    rows[r] = h + row * n;
+    live = r + 1;
   }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  sumsq = warp_sum(sumsq);
-  DSV4_UNROLL
-  for (int m = 0; m < kMix; ++m) dot[m] = warp_sum(dot[m]);
-  if (lane == 0) {
-    red[kMix * 32 + warp] = sumsq;
+  if (live == 0) return;
+  const int nb = static_cast<int>((n + kSumBlock - 1) / kSumBlock);
+  const int b = threadIdx.x;
+  if (b < nb) {
+    const std::int64_t k0 = static_cast<std::int64_t>(b) * kSumBlock, k1 = k0 + kSumBlock < n ? k0 + kSumBlock : n;
+    float acc[kMixRows];
     DSV4_UNROLL
-    for (int m = 0; m < kMix; ++m) red[m * 32 + warp] = dot[m];
+    for (int r = 0; r < kMixRows; ++r) acc[r] = 0.0f;
+    const float* f = fn + static_cast<std::int64_t>(m) * n;
+    DSV4_UNROLL_8
+    for (std::int64_t k = k0; k < k1; k += 4) {
+      float4 w = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (m < kMix) w = *reinterpret_cast<const float4*>(f + k);
+      DSV4_UNROLL
+      for (int r = 0; r < kMixRows; ++r) {
+        if (r >= live) break;
+        const uint2 raw4 = *reinterpret_cast<const uint2*>(rows[r] + k);
+        const float v0 = bf16_value(static_cast<std::uint16_t>(raw4.x & 0xffffu)), v1 = bf16_value(static_cast<std::uint16_t>(raw4.x >> 16));
+        const float v2 = bf16_value(static_cast<std::uint16_t>(raw4.y & 0xffffu)), v3 = bf16_value(static_cast<std::uint16_t>(raw4.y >> 16));
+        if (m < kMix) {
+          acc[r] = add_rn(add_rn(add_rn(add_rn(acc[r], mul_rn(v0, w.x)), mul_rn(v1, w.y)), mul_rn(v2, w.z)), mul_rn(v3, w.w));
+        } else {
+          acc[r] = add_rn(add_rn(add_rn(add_rn(acc[r], mul_rn(v0, v0)), mul_rn(v1, v1)), mul_rn(v2, v2)), mul_rn(v3, v3));
+        }
+      }
+    }
+    DSV4_UNROLL
+    for (int r = 0; r < kMixRows; ++r) part[r][b] = acc[r];
   }
   __syncthreads();
-  if (static_cast<int>(threadIdx.x) <= kMix) {
+  if (static_cast<int>(threadIdx.x) < live) {
     float total = 0.0f;
-    for (int w = 0; w < warps; ++w) total += red[threadIdx.x * 32 + w];
-    partials[(i * splits + blockIdx.y) * (kMix + 1) + threadIdx.x] = total;
+    for (int q = 0; q < nb; ++q) total = add_rn(total, part[threadIdx.x][q]);
+    raw[(i0 + threadIdx.x) * (kMix + 1) + m] = total;
   }
 }
 
-// The mixes of row i from its partial sums (splits added in order): mixes[m] = dot_m * rsqrt(mean + eps).
+// The mixes of row i from its raw sums: mixes[m] = dot_m * (1 / sqrt(sumsq / n + eps)).
 template <int kMix>
-__device__ void finish_mixes(const float* partials, std::int64_t i, int splits, std::int64_t n, float eps, float* mixes) {
+__device__ void finish_mixes(const float* raw, std::int64_t i, std::int64_t n, float eps, float* mixes) {
   if (threadIdx.x == 0) {
-    float total = 0.0f;
-    for (int sp = 0; sp < splits; ++sp) total += partials[(i * splits + sp) * (kMix + 1) + kMix];
-    const float r = 1.0f / sqrtf(total / static_cast<float>(n) + eps);
-    for (int m = 0; m < kMix; ++m) {
-      float d = 0.0f;
-      for (int sp = 0; sp < splits; ++sp) d += partials[(i * splits + sp) * (kMix + 1) + m];
-      mixes[m] = d * r;
-    }
+    const float* ri = raw + i * (kMix + 1);
+    const float r = 1.0f / sqrtf(ri[kMix] / static_cast<float>(n) + eps);
+    for (int m = 0; m < kMix; ++m) mixes[m] = ri[m] * r;
   }
   __syncthreads();
 }
 
 // y = bf16(sum_i pre_i h_i) then x = bf16(w * y * rsqrt(mean(y^2) + eps)) over `dim`; ybuf: [dim] floats.
+// The sum of squares in the CPU's blocked order (bit-identical); blocks: ceil(dim / 128) floats.
 __device__ void weighted_sum_norm(const std::uint16_t* hrow, const float* pre, int hc, std::int64_t dim,
-                                  const float* norm_w, float eps, float* ybuf, float* scratch, std::uint16_t* xrow) {
-  float sumsq = 0.0f;
+                                  const float* norm_w, float eps, float* ybuf, float* blocks, std::uint16_t* xrow) {
   for (std::int64_t k = threadIdx.x; k < dim; k += blockDim.x) {
     float acc = 0.0f;
     for (int i = 0; i < hc; ++i) acc = add_rn(acc, mul_rn(pre[i], bf16_value(hrow[i * dim + k])));
-    const float y = round_bf16(acc);
-    ybuf[k] = y;
-    sumsq += y * y;
+    ybuf[k] = round_bf16(acc);
   }
-  const float total = block_sum(sumsq, scratch);
+  const float total = blocked_sum([&](std::int64_t k) { return mul_rn(ybuf[k], ybuf[k]); }, dim, blocks);
   const float inv = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
   for (std::int64_t k = threadIdx.x; k < dim; k += blockDim.x) store_bf16(xrow + k, norm_w[k] * (ybuf[k] * inv));
 }
@@ -124,10 +134,9 @@ __device__ void weighted_sum_norm(const std::uint16_t* hrow, const float* pre, i
 template <int kMix>
 __global__ void __launch_bounds__(kThreads) hc_pre_kernel(const std::uint16_t* h, HcWeights w, const float* norm_w,
                                                           HcShape s, std::int64_t rows, std::uint16_t* x, float* post,
-                                                          float* comb, const std::int32_t* rows_dev, const float* partials,
-                                                          int splits) {
+                                                          float* comb, const std::int32_t* rows_dev, const float* raw) {
   DSV4_DYNAMIC_SMEM(float, ybuf);
-  __shared__ float red[32];
+  __shared__ float red[kMaxSumBlocks];
   __shared__ float mixes[kMix];
   __shared__ float pre[kMaxHc];
   const std::int64_t row = blockIdx.x;
@@ -135,7 +144,7 @@ __global__ void __launch_bounds__(kThreads) hc_pre_kernel(const std::uint16_t* h
   const int hc = s.hc;
   const std::int64_t n = hc * s.dim;
   const std::uint16_t* hrow = h + row * n;
-  finish_mixes<kMix>(partials, row, splits, n, s.norm_eps, mixes);
+  finish_mixes<kMix>(raw, row, n, s.norm_eps, mixes);
   if (threadIdx.x == 0) {
     // hc_split_sinkhorn, in the CPU's order of operations.
     const float eps = s.hc_eps;
@@ -178,9 +187,9 @@ __global__ void __launch_bounds__(kThreads) hc_pre_kernel(const std::uint16_t* h
 template <int kMix>
 __global__ void __launch_bounds__(kThreads) hc_head_kernel(const std::uint16_t* h, RowSource src, HcWeights w,
                                                            const float* norm_w, HcShape s, std::uint16_t* y,
-                                                           const float* partials, int splits) {
+                                                           const float* raw) {
   DSV4_DYNAMIC_SMEM(float, ybuf);
-  __shared__ float red[32];
+  __shared__ float red[kMaxSumBlocks];
   __shared__ float mixes[kMix];
   __shared__ float pre[kMaxHc];
   const std::int64_t i = blockIdx.x;
@@ -189,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) hc_head_kernel(const std::uint16_t* 
   const int hc = s.hc;
   const std::int64_t n = hc * s.dim;
   const std::uint16_t* hrow = h + row * n;
-  finish_mixes<kMix>(partials, i, splits, n, s.norm_eps, mixes);
+  finish_mixes<kMix>(raw, i, n, s.norm_eps, mixes);
   if (static_cast<int>(threadIdx.x) < hc)
     pre[threadIdx.x] = sigmoid_ref(add_rn(mul_rn(mixes[threadIdx.x], w.scale[0]), w.base[threadIdx.x])) + s.hc_eps;
   __syncthreads();
@@ -213,22 +222,19 @@ __global__ void hc_post_kernel(const std::uint16_t* out, const std::uint16_t* h,
   }
 }
 
+// The row goes to shared memory first (coalesced), then the blocked sum of squares reads it there.
 __global__ void __launch_bounds__(kThreads) rms_norm_kernel(const std::uint16_t* x, const float* w, std::int64_t rows,
                                                             std::int64_t dim, float eps, std::uint16_t* y,
                                                             const std::int32_t* rows_dev) {
-  __shared__ float scratch[32];
+  DSV4_DYNAMIC_SMEM(float, xbuf);
+  __shared__ float blocks[kMaxSumBlocks];
   const std::int64_t row = blockIdx.x;
   if (!row_live(row, rows, rows_dev)) return;
-  float sumsq = 0.0f;
-  for (std::int64_t k = threadIdx.x; k < dim; k += blockDim.x) {
-    const float v = bf16_value(x[row * dim + k]);
-    sumsq += v * v;
-  }
-  const float total = block_sum(sumsq, scratch);
+  for (std::int64_t k = threadIdx.x; k < dim; k += blockDim.x) xbuf[k] = bf16_value(x[row * dim + k]);
+  const float total = blocked_sum([&](std::int64_t k) { return mul_rn(xbuf[k], xbuf[k]); }, dim, blocks);
   const float inv = 1.0f / sqrtf(total / static_cast<float>(dim) + eps);
-  // Every thread has read its values before any writes (block_sum synchronizes): x may alias y.
-  for (std::int64_t k = threadIdx.x; k < dim; k += blockDim.x)
-    store_bf16(y + row * dim + k, w[k] * (bf16_value(x[row * dim + k]) * inv));
+  // x was read into xbuf before blocked_sum's barriers: y may alias x.
+  for (std::int64_t k = threadIdx.x; k < dim; k += blockDim.x) store_bf16(y + row * dim + k, w[k] * (xbuf[k] * inv));
 }
 
 __global__ void mtp_streams_kernel(const std::uint16_t* hp, const std::uint16_t* ep, int hc, std::int64_t dim,
@@ -251,7 +257,8 @@ unsigned blocks_for(std::int64_t n) { return static_cast<unsigned>((n + kThreads
 
 void check_shape(const HcShape& s) {
   if (s.hc < 1 || s.hc > kMaxHc) launch_error("GPU hyper-connections support hc_mult 1..{}, found {}", {kMaxHc, s.hc});
-  if (s.dim <= 0) launch_error("GPU hyper-connections: dim {}", {s.dim});
+  if (s.dim <= 0 || s.dim % 4 != 0 || s.hc * s.dim > kMaxSumBlocks * kSumBlock)
+    launch_error("GPU hyper-connections: hidden size {} (a multiple of 4, hc x hidden at most 32768)", {s.dim});
 }
 
 std::size_t ybuf_bytes(const HcShape& s) { return static_cast<std::size_t>(s.dim) * sizeof(float); }
@@ -268,52 +275,42 @@ void embed_streams(const DeviceStep* step, std::int32_t capacity, const std::uin
 
 namespace {
 
-// Blocks per row of the mixes' reduction: enough to cover the machine for few rows.
-int mix_splits(std::int64_t rows, std::int64_t n) {
-  const std::int64_t want = (264 + rows - 1) / rows;
-  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(want, n / 256)));
-}
-
-// hc in 1..4: the mixes of a sub-layer are (2 + hc) * hc, of the head hc.
 template <int kHc>
 void launch_pre(const std::uint16_t* h, const HcWeights& w, const float* norm_w, const HcShape& shape, std::int64_t rows,
                 std::uint16_t* x, float* post, float* comb, const std::int32_t* rows_dev, float* scratch, gpu_stream_t stream) {
   constexpr int kMix = (2 + kHc) * kHc;
   const std::int64_t n = kHc * shape.dim;
-  const int splits = mix_splits(rows, n);
   RowSource src;
   src.rows = rows;
   src.rows_dev = rows_dev;
-  launch(mix_partials_kernel<kMix>, dim3(static_cast<unsigned>(rows), static_cast<unsigned>(splits)), dim3(kThreads), 0, stream,
-         h, w.fn, n, src, splits, scratch);
+  launch(mix_sums_kernel<kMix>, dim3(static_cast<unsigned>((rows + kMixRows - 1) / kMixRows), static_cast<unsigned>(kMix + 1)),
+         dim3(kThreads), 0, stream, h, w.fn, n, src, scratch);
   static const bool smem_set = (set_max_dynamic_smem(hc_pre_kernel<kMix>, 64 * 1024), true);
   (void)smem_set;
   launch(hc_pre_kernel<kMix>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), ybuf_bytes(shape), stream, h, w, norm_w, shape,
-         rows, x, post, comb, rows_dev, static_cast<const float*>(scratch), splits);
+         rows, x, post, comb, rows_dev, static_cast<const float*>(scratch));
 }
 
 template <int kHc>
 void launch_head(const std::uint16_t* h, const DeviceStep* step, bool all_tokens, std::int32_t capacity, const HcWeights& w,
                  const float* norm_w, const HcShape& shape, std::uint16_t* y, float* scratch, gpu_stream_t stream) {
   const std::int64_t n = kHc * shape.dim;
-  const int splits = mix_splits(capacity, n);
   RowSource src;
   src.step = step;
   src.all_tokens = all_tokens;
-  launch(mix_partials_kernel<kHc>, dim3(static_cast<unsigned>(capacity), static_cast<unsigned>(splits)), dim3(kThreads), 0,
-         stream, h, w.fn, n, src, splits, scratch);
+  launch(mix_sums_kernel<kHc>, dim3(static_cast<unsigned>((capacity + kMixRows - 1) / kMixRows), static_cast<unsigned>(kHc + 1)),
+         dim3(kThreads), 0, stream, h, w.fn, n, src, scratch);
   static const bool smem_set = (set_max_dynamic_smem(hc_head_kernel<kHc>, 64 * 1024), true);
   (void)smem_set;
   launch(hc_head_kernel<kHc>, dim3(static_cast<unsigned>(capacity)), dim3(kThreads), ybuf_bytes(shape), stream, h, src, w,
-         norm_w, shape, y, static_cast<const float*>(scratch), splits);
+         norm_w, shape, y, static_cast<const float*>(scratch));
 }
 
 }  // namespace
 
 std::int64_t hc_scratch_floats(std::int64_t rows, const HcShape& shape) {
   const std::int64_t n_mix = (2 + shape.hc) * shape.hc;
-  return std::max<std::int64_t>(rows, 1) * mix_splits(std::max<std::int64_t>(rows, 1), shape.hc * shape.dim) * (n_mix + 1) +
-         (n_mix + 1) * 512;  // any rows <= `rows` need at most this
+  return (std::max<std::int64_t>(rows, 1) + kMixRows) * (n_mix + 1);
 }
 
 void hc_pre(const std::uint16_t* h, const HcWeights& w, const float* norm_w, const HcShape& shape, std::int64_t rows,
@@ -353,7 +350,11 @@ void hc_head(const std::uint16_t* h, const DeviceStep* step, bool all_tokens, st
 void rms_norm_rows(const std::uint16_t* x, const float* w, std::int64_t rows, std::int64_t dim, float eps,
                    std::uint16_t* y, const std::int32_t* rows_dev, gpu_stream_t stream) {
   if (rows <= 0) return;
-  launch(rms_norm_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, x, w, rows, dim, eps, y, rows_dev);
+  if (dim <= 0 || dim > 16384) launch_error("rms_norm_rows: {} values a row (at most 16384)", {dim});
+  static const bool smem_set = (set_max_dynamic_smem(rms_norm_kernel, 64 * 1024), true);
+  (void)smem_set;
+  launch(rms_norm_kernel, dim3(static_cast<unsigned>(rows)), dim3(kThreads), static_cast<std::size_t>(dim) * sizeof(float), stream, x, w,
+         rows, dim, eps, y, rows_dev);
 }
 
 void mtp_streams(const std::uint16_t* hp, const std::uint16_t* ep, const HcShape& shape, std::int64_t rows,

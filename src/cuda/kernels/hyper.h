@@ -32,9 +32,9 @@ struct HcShape {
 void embed_streams(const DeviceStep* step, std::int32_t capacity, const std::uint16_t* embed, std::uint16_t* h,
                    const HcShape& shape, gpu_stream_t stream);
 
-// Scratch floats hc_pre and hc_head need for up to `rows` rows: the mixes' dot products are
-// reduced in two passes (partial sums from several blocks per row, then each row's block), so a
-// decode step's few rows spread over the GPU.
+// Scratch floats hc_pre and hc_head need for up to `rows` rows (the raw mixes of each row). The
+// mixes and the RMSNorm sums of squares are summed in the CPU's blocked order (blocks of 128,
+// cpu/linear.h blocked_dot), so x and y are bit-identical to the CPU's.
 std::int64_t hc_scratch_floats(std::int64_t rows, const HcShape& shape);
 
 // Sub-layer input: x[r] = bf16(norm_w * rmsnorm(bf16(sum_i pre_i h[r][i]))) with pre / post /

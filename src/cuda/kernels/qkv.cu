@@ -24,7 +24,8 @@ __device__ __forceinline__ void rope4(float* v, int d0, const float* cs) {
 }
 
 __global__ void __launch_bounds__(kThreads) qkv_kernel(QkvArgs a) {
-  __shared__ float scratch[32];
+  __shared__ float vals[kDim];
+  __shared__ float blocks[kDim / kSumBlock];
   const DeviceStep& st = *a.step;
   const int t = blockIdx.x;
   if (t >= st.n_tokens) return;
@@ -34,12 +35,12 @@ __global__ void __launch_bounds__(kThreads) qkv_kernel(QkvArgs a) {
   if (static_cast<int>(blockIdx.y) < a.heads) {
     // Query head: weightless RMS norm in bf16 arithmetic, then RoPE, bf16.
     std::uint16_t* qh = a.q + (static_cast<std::int64_t>(t) * a.heads + blockIdx.y) * kDim;
-    float sq = 0.0f;
     for (int j = 0; j < kPer; ++j) {
       v[j] = bf16_value(qh[d0 + j]);
-      sq += round_bf16(v[j] * v[j]);
+      vals[d0 + j] = v[j];
     }
-    const float sum = block_sum(sq, scratch);
+    // bf16 squares in the CPU's blocked order (bit-identical)
+    const float sum = blocked_sum([&](std::int64_t k) { return round_bf16(mul_rn(vals[k], vals[k])); }, kDim, blocks);
     const float mean = round_bf16(sum / static_cast<float>(kDim));
     const float r = round_bf16(1.0f / sqrtf(round_bf16(mean + a.eps)));
     for (int j = 0; j < kPer; ++j) v[j] = round_bf16(v[j] * r);
@@ -49,12 +50,12 @@ __global__ void __launch_bounds__(kThreads) qkv_kernel(QkvArgs a) {
   }
   // The shared kv: RMSNorm with kv_norm, RoPE, bf16, then the window-cache entry.
   std::uint16_t* kvr = a.kv + static_cast<std::int64_t>(t) * kDim;
-  float sq = 0.0f;
   for (int j = 0; j < kPer; ++j) {
     v[j] = bf16_value(kvr[d0 + j]);
-    sq += v[j] * v[j];
+    vals[d0 + j] = v[j];
   }
-  const float total = block_sum(sq, scratch);
+  // the sum of squares in the CPU's blocked order (bit-identical)
+  const float total = blocked_sum([&](std::int64_t k) { return mul_rn(vals[k], vals[k]); }, kDim, blocks);
   const float inv = 1.0f / sqrtf(total / static_cast<float>(kDim) + a.eps);
   for (int j = 0; j < kPer; ++j) v[j] = round_bf16(a.kv_norm[d0 + j] * (v[j] * inv));
   rope4(v, d0, cs);
