@@ -184,16 +184,20 @@ class CudaExecutor::ProfileScope {
     if (!e_.profiling_) return;
     index_ = e_.marks_.size() * 2;
     while (e_.events_.size() < index_ + 2) e_.events_.emplace_back();
-    e_.events_[index_].record(e_.stream_);
+    record(e_.events_[index_]);
     e_.marks_.emplace_back(family, index_);
   }
   ~ProfileScope() {
-    if (e_.profiling_) e_.events_[index_ + 1].record(e_.stream_);
+    if (e_.profiling_) record(e_.events_[index_ + 1]);
   }
   ProfileScope(const ProfileScope&) = delete;
   ProfileScope& operator=(const ProfileScope&) = delete;
 
  private:
+  void record(Event& event) {
+    if (e_.capturing_) event.record_in_graph(e_.stream_);
+    else event.record(e_.stream_);
+  }
   CudaExecutor& e_;
   std::size_t index_ = 0;
 };
@@ -482,14 +486,23 @@ void CudaExecutor::launch(const StepPlan& plan) {
   }();
   apply_page_updates(main_step_, updates, stream_.handle());
 
-  bool decode = n_mtp == 0 && inspector_ == nullptr && !profiling_ && options_.cuda_graphs && !simulated() &&
-                T <= kMaxGraphBucket;
+  bool decode = n_mtp == 0 && inspector_ == nullptr && options_.cuda_graphs && !simulated() && T <= kMaxGraphBucket;
   for (std::int64_t r = 0; decode && r < plan.num_rows(); ++r)
     decode = plan.view.token_start[static_cast<std::size_t>(r) + 1] - plan.view.token_start[static_cast<std::size_t>(r)] == 1;
-  if (decode) {
-    std::int32_t bucket = 1;
-    while (bucket < T) bucket *= 2;
-    bucket = std::min<std::int32_t>(bucket, static_cast<std::int32_t>(limits_.max_tokens));
+  std::int32_t bucket = 1;
+  while (bucket < T) bucket *= 2;
+  bucket = std::min<std::int32_t>(bucket, static_cast<std::int32_t>(limits_.max_tokens));
+  if (decode && profiling_ && warm_buckets_.count(bucket) != 0) {
+    // A profiled decode step runs as a graph too, with its event pairs as record nodes: the times
+    // are the GPU's alone, not paced by the host's launches.
+    profile_graph_ = Graph();
+    capturing_ = true;
+    profile_graph_.begin_capture(stream_);
+    forward(bucket, 0, 0, nullptr);
+    profile_graph_.end_capture(stream_);
+    capturing_ = false;
+    profile_graph_.replay(stream_);
+  } else if (decode && !profiling_) {
     auto it = graphs_.find(bucket);
     if (it != graphs_.end()) {
       it->second.replay(stream_);

@@ -67,8 +67,9 @@ class CudaExecutor final : public Executor {
   // Steps replayed from CUDA graphs so far (for tests and benchmarks).
   std::int64_t graph_replays() const { return graph_replays_; }
 
-  // Per-kernel-family GPU time of later steps (benchmarks): events around each family of launches;
-  // profiled steps run eagerly (a graph is not split). take_profile() returns and resets the totals.
+  // Per-kernel-family GPU time of later steps (benchmarks): events around each family of launches.
+  // A profiled decode step is captured as a graph with the events as record nodes (GPU time only,
+  // as the graph replays run); other steps run eagerly. take_profile() returns and resets the totals.
   struct KernelTime {
     std::string family;
     double ms = 0;
@@ -111,6 +112,8 @@ class CudaExecutor final : public Executor {
   PinnedBuffer logits_host_;
   std::map<std::int32_t, Graph> graphs_;   // decode steps by bucket
   std::set<std::int32_t> warm_buckets_;    // buckets run once eagerly (module loads) before capture
+  Graph profile_graph_;                    // the last profiled decode step (kept until the next)
+  bool capturing_ = false;                 // inside profile_graph_'s capture
   std::int64_t graph_replays_ = 0;
   // The launched step.
   const StepPlan* launched_ = nullptr;

@@ -116,6 +116,9 @@ class Event {
   Event& operator=(const Event&) = delete;
 
   void record(const Stream& stream);
+  // The same inside a stream capture: a record node of the graph (cudaEventRecordExternal), so
+  // each replay records the event -- timing inside a graph.
+  void record_in_graph(const Stream& stream);
   // Makes `other` wait until this event has happened (cudaStreamWaitEvent).
   void wait(const Stream& other) const;
   void synchronize();

@@ -174,6 +174,9 @@ Event& Event::operator=(Event&& other) noexcept {
 void Event::record(const Stream& stream) {
   DSV4_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), raw(stream)));
 }
+void Event::record_in_graph(const Stream& stream) {
+  DSV4_CUDA_CHECK(cudaEventRecordWithFlags(static_cast<cudaEvent_t>(handle_), raw(stream), cudaEventRecordExternal));
+}
 void Event::wait(const Stream& other) const {
   DSV4_CUDA_CHECK(cudaStreamWaitEvent(raw(other), static_cast<cudaEvent_t>(handle_), 0));
 }

@@ -195,8 +195,6 @@ struct FewFp4 {
     float sa0, sa1;
   };
   static __device__ __forceinline__ void load(const FewLane& l, std::int64_t k0, Regs& r) {
-    r.s_lo = 0;
-    r.s_hi = 0;
     DSV4_UNROLL
     for (int s = 0; s < 4; ++s) {
       const std::int64_t k = k0 + 32 * s;
@@ -204,8 +202,20 @@ struct FewFp4 {
       r.w_lo[s] = load_or_zero<std::uint32_t>(l.w_lo, k / 2 + 4 * l.t, ok);
       r.w_hi[s] = load_or_zero<std::uint32_t>(l.w_hi, k / 2 + 4 * l.t, ok);
       r.x[s] = load_or_zero<uint2>(l.x, k + 8 * l.t, ok);
-      r.s_lo |= static_cast<std::uint32_t>(load_or_zero<std::uint8_t>(l.s_lo, k / 32, ok)) << (8 * s);
-      r.s_hi |= static_cast<std::uint32_t>(load_or_zero<std::uint8_t>(l.s_hi, k / 32, ok)) << (8 * s);
+    }
+    if (l.k % 128 == 0) {
+      // The four blocks' scale bytes are one aligned word of each row.
+      r.s_lo = load_or_zero<std::uint32_t>(l.s_lo, k0 / 32, true);
+      r.s_hi = load_or_zero<std::uint32_t>(l.s_hi, k0 / 32, true);
+    } else {
+      r.s_lo = 0;
+      r.s_hi = 0;
+      DSV4_UNROLL
+      for (int s = 0; s < 4; ++s) {
+        const std::int64_t k = k0 + 32 * s;
+        r.s_lo |= static_cast<std::uint32_t>(load_or_zero<std::uint8_t>(l.s_lo, k / 32, k < l.k)) << (8 * s);
+        r.s_hi |= static_cast<std::uint32_t>(load_or_zero<std::uint8_t>(l.s_hi, k / 32, k < l.k)) << (8 * s);
+      }
     }
     const std::int64_t kb = k0 / 128;
     r.sa0 = l.sa0 != nullptr ? l.sa0[kb] : 0.0f;

@@ -145,40 +145,37 @@ __global__ void __launch_bounds__(kThreads) hc_pre_kernel(const std::uint16_t* h
   const std::int64_t n = hc * s.dim;
   const std::uint16_t* hrow = h + row * n;
   finish_mixes<kMix>(raw, row, n, s.norm_eps, mixes);
-  if (threadIdx.x == 0) {
-    // hc_split_sinkhorn, in the CPU's order of operations.
+  if (threadIdx.x < 32) {
+    // hc_split_sinkhorn on warp 0 in the CPU's order of operations: lane i * hc + j holds c[i][j];
+    // a row or column sum gathers its hc terms by shuffles and adds them in index order.
+    const int lane = threadIdx.x, hc2 = hc * hc, i = lane / hc, j = lane % hc;
     const float eps = s.hc_eps;
-    float c[kMaxHc * kMaxHc];
-    for (int i = 0; i < hc; ++i) {
-      pre[i] = sigmoid_ref(add_rn(mul_rn(mixes[i], w.scale[0]), w.base[i])) + eps;
-      post[row * hc + i] = 2.0f * sigmoid_ref(add_rn(mul_rn(mixes[hc + i], w.scale[1]), w.base[hc + i]));
+    if (lane < hc) {
+      pre[lane] = sigmoid_ref(add_rn(mul_rn(mixes[lane], w.scale[0]), w.base[lane])) + eps;
+      post[row * hc + lane] = 2.0f * sigmoid_ref(add_rn(mul_rn(mixes[hc + lane], w.scale[1]), w.base[hc + lane]));
     }
-    for (int q = 0; q < hc * hc; ++q) c[q] = add_rn(mul_rn(mixes[2 * hc + q], w.scale[2]), w.base[2 * hc + q]);
-    for (int it = 0; it < s.sinkhorn_iters; ++it) {
-      for (int i = 0; i < hc; ++i) {
-        float* rw = c + i * hc;
-        if (it == 0) {
-          float mx = rw[0];
-          for (int j = 1; j < hc; ++j) mx = fmaxf(mx, rw[j]);
-          float sum = 0.0f;
-          for (int j = 0; j < hc; ++j) {
-            rw[j] = exp_float(rw[j] - mx);
-            sum += rw[j];
-          }
-          for (int j = 0; j < hc; ++j) rw[j] = rw[j] / sum + eps;
-        } else {
-          float sum = 0.0f;
-          for (int j = 0; j < hc; ++j) sum += rw[j];
-          for (int j = 0; j < hc; ++j) rw[j] = rw[j] / (sum + eps);
-        }
-      }
-      for (int j = 0; j < hc; ++j) {
-        float sum = 0.0f;
-        for (int i = 0; i < hc; ++i) sum += c[i * hc + j];
-        for (int i = 0; i < hc; ++i) c[i * hc + j] = c[i * hc + j] / (sum + eps);
-      }
+    float c = lane < hc2 ? add_rn(mul_rn(mixes[2 * hc + lane], w.scale[2]), w.base[2 * hc + lane]) : 0.0f;
+    auto row_sum = [&](float v) {
+      float sum = 0.0f;
+      for (int q = 0; q < hc; ++q) sum += __shfl_sync(0xffffffffu, v, (i * hc + q) & 31);
+      return sum;
+    };
+    auto column_sum = [&](float v) {
+      float sum = 0.0f;
+      for (int q = 0; q < hc; ++q) sum += __shfl_sync(0xffffffffu, v, (q * hc + j) & 31);
+      return sum;
+    };
+    // Iteration 0: row softmax (+ eps), then columns; later iterations: rows, then columns.
+    float mx = __shfl_sync(0xffffffffu, c, (i * hc) & 31);
+    for (int q = 1; q < hc; ++q) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, (i * hc + q) & 31));
+    c = exp_float(c - mx);
+    c = c / row_sum(c) + eps;
+    c = c / (column_sum(c) + eps);
+    for (int it = 1; it < s.sinkhorn_iters; ++it) {
+      c = c / (row_sum(c) + eps);
+      c = c / (column_sum(c) + eps);
     }
-    for (int q = 0; q < hc * hc; ++q) comb[row * hc * hc + q] = c[q];
+    if (lane < hc2) comb[row * hc2 + lane] = c;
   }
   __syncthreads();
   weighted_sum_norm(hrow, pre, hc, s.dim, norm_w, s.norm_eps, ybuf, red, x + row * s.dim);
