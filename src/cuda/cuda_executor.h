@@ -37,6 +37,10 @@ struct CudaOptions {
   bool progress = true;                 // weight-loading progress on stderr
   std::int64_t indexer_scores_bytes = std::int64_t{256} << 20;  // scratch for indexer scores per call
   std::int64_t max_logits_rows = 0;     // logits rows a step may ask for (0: every step token, plus MTP rows)
+  // Most blocks one query's keys are split over in sparse attention (0: as many as fill the GPU).
+  // Splitting merges partial softmaxes whose bf16 probabilities were rounded against their own
+  // maxima, not the running one: 1 keeps a token's result independent of the step's size.
+  int max_attention_splits = 0;
 };
 
 class CudaExecutor final : public Executor {

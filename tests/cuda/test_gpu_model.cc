@@ -320,6 +320,18 @@ TEST_F(GpuModel, PathsAgreeOnTheGpu) {
     const std::vector<Path> paths = {{"chunk 37", engine.score(tokens, 37, T)},
                                      {gpu::simulated() ? "decode last 6" : "decode last 24", engine.score(tokens, 0, T - decoded)},
                                      {"one-shot again", engine.score(tokens, 0, T)}};
+    // The same chunked path with attention never split over blocks: what is left of its
+    // difference from one-shot is not the split softmax's.
+    CudaOptions unsplit = quiet();
+    unsplit.max_attention_splits = 1;
+    Engine engine1(CudaExecutor::load(dir, cache_options(), unsplit), engine_config(512));
+    const std::vector<float> one_shot1 = engine1.score(tokens, 0, T), chunked1 = engine1.score(tokens, 37, T);
+    {
+      const Stats e = stats_of(row_errors(chunked1, one_shot1, static_cast<std::size_t>(vocab)));
+      std::printf("[gpu-paths] %-10s chunk 37, attention unsplit vs one-shot unsplit: logits rel err median %.2e p90 %.2e max %.2e | argmax %.3f\n",
+                  k.name.c_str(), e.median, e.p90, e.max, argmax_agreement(chunked1, one_shot1, static_cast<std::size_t>(vocab)));
+      EXPECT_LT(e.median, 0.1);
+    }
     for (const Path& p : paths) {
       const Stats e = stats_of(row_errors(p.logits, one_shot, static_cast<std::size_t>(vocab)));
       const double agree = argmax_agreement(p.logits, one_shot, static_cast<std::size_t>(vocab));
@@ -358,7 +370,13 @@ TEST_F(GpuModel, PathsAgreeOnTheGpu) {
     }
     std::printf("[gpu-paths] %-10s batched vs alone: first-token logprob differs by at most %.2e; prefix hits (%lld cached tokens): %.2e\n",
                 k.name.c_str(), worst_batch, static_cast<long long>(cached), worst_hit);
-    EXPECT_LT(worst_batch, 0.1);
+    // Batched and alone differ where the GPU picks kernels by row count (few-rows vs tile GEMMs,
+    // expert GEMMs by rows per expert, attention split over more blocks when a step has few query
+    // tokens): the same values summed in other groupings, rare one-ulp bf16 differences that FP8
+    // activation quantization amplifies -- the spread of the chunked path above (logits median
+    // ~5%), worth a few tenths of a nat on a random model's logprobs. A wrong key, position or
+    // cache page costs nats.
+    EXPECT_LT(worst_batch, 0.5);
     EXPECT_LT(worst_hit, 0.1);
     if (!gpu::simulated()) {
       EXPECT_GT(cached, 0);
@@ -372,9 +390,15 @@ TEST_F(GpuModel, PathsAgreeOnTheGpu) {
     Engine tight(CudaExecutor::load(dir, cache_options(), quiet()), small);
     const std::vector<RequestOutput> squeezed = tight.generate(prompts, {greedy});
     std::int64_t same_first = 0;
-    for (std::size_t i = 0; i < prompts.size(); ++i) same_first += squeezed[i].new_tokens[0] == together[i].new_tokens[0];
-    std::printf("[gpu-paths] %-10s small cache: %lld preemptions, first tokens equal for %lld of %zu\n", k.name.c_str(),
-                static_cast<long long>(tight.stats().num_preemptions), static_cast<long long>(same_first), prompts.size());
+    double worst_tight = 0;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      same_first += squeezed[i].new_tokens[0] == together[i].new_tokens[0];
+      worst_tight = std::max(worst_tight, static_cast<double>(std::fabs(squeezed[i].new_logprobs[0].logprob - together[i].new_logprobs[0].logprob)));
+    }
+    std::printf("[gpu-paths] %-10s small cache: %lld preemptions, first tokens equal for %lld of %zu, logprob differs by at most %.2e\n",
+                k.name.c_str(), static_cast<long long>(tight.stats().num_preemptions), static_cast<long long>(same_first), prompts.size(),
+                worst_tight);
+    EXPECT_LT(worst_tight, 0.5);  // one prompt at a time: the batched-vs-alone spread
   }
 }
 

@@ -187,7 +187,7 @@ struct FewFp8 {
 // fp4 weights (rebuilt as e4m3) x e4m3 activations. A unit is 128 k = four 32-wide weight-scale
 // blocks, one mma step each: lane t holds k 8t .. 8t + 7 of each block (4 bytes of packed e2m1).
 struct FewFp4 {
-  static constexpr int kK = 128, kDepth = 4;
+  static constexpr int kK = 128, kDepth = 3;
   struct Regs {
     std::uint32_t w_lo[4], w_hi[4];
     uint2 x[4];
