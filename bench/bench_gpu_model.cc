@@ -1,7 +1,7 @@
 // GPU executor benchmark: decode steps of a V4-Flash-shaped model (the real config with fewer
 // layers, dummy weights drawn on the GPU) at several batch sizes and contexts, and the prefill of
 // one long prompt in chunks. Prints step time, tokens/s, the time split by kernel family (one
-// eager profiled step), and the step's byte roofline: weights actually read plus KV read, over
+// profiled step: decode replayed as a graph with timing nodes, prefill eager), and the step's byte roofline: weights actually read plus KV read, over
 // the HBM bandwidth measured in the same run (a large device-to-device copy).
 //
 //   bench_gpu_model [--preset flash|pro] [--layers N] [--batches 1,32,128] [--contexts 4096,131072]
@@ -78,7 +78,7 @@ void print_profile(gpu::CudaExecutor& exec, double step_ms) {
   for (const auto& k : profile) sum += k.ms;
   for (const auto& k : profile)
     fmt::print("      {:<46} {:9.3f} ms {:5.1f}%  ({} launches groups)\n", k.family, k.ms, 100.0 * k.ms / std::max(sum, 1e-9), k.calls);
-  fmt::print("      {:<46} {:9.3f} ms (profiled eager step; graph step {:.3f} ms)\n", "total", sum, step_ms);
+  fmt::print("      {:<46} {:9.3f} ms (profiled step: decode as a graph with timing nodes, prefill eager; graph step {:.3f} ms)\n", "total", sum, step_ms);
 }
 
 struct Runner {
