@@ -14,11 +14,11 @@ namespace dsv4::gpu {
 namespace {
 
 constexpr int kDim = 512, kNope = 448;
-constexpr int kHeadsPerCta = 64;  // 4 row tiles of 16 heads
 constexpr int kKeys = 64;         // keys per chunk
 constexpr int kRow = kDim + 8;    // shared row stride in bf16 values (bank spread)
-constexpr int kThreads = 256;     // 8 warps: row tile (warp & 3) x output half (warp >> 2)
-constexpr int kSmem = 2 * kHeadsPerCta * kRow * 2;
+constexpr int kThreads = 256;     // 8 warps: row tiles of 16 heads x output column groups
+// Shared memory of a CTA of kHeads heads: its queries and one chunk of keys.
+constexpr int smem_bytes(int heads) { return (heads + kKeys) * kRow * 2; }
 constexpr int kMaxSplitTokens = 256;  // splits * tokens bound of the partial buffers
 
 struct KeySet {
@@ -106,34 +106,40 @@ __device__ __forceinline__ void finish_pair(float v0, float v1, int d, const flo
   out[d + 1] = bf16_bits(x1);
 }
 
+// A CTA takes kHeads heads (64: 4 row tiles x 2 column halves of warps; 16, for steps with few
+// tokens: 1 row tile x 8 column groups, every warp computing the same scores) -- the same
+// arithmetic per head either way.
+template <int kHeads>
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a) {
+  constexpr int kRowTiles = kHeads / 16, kColGroups = 8 / kRowTiles;
+  constexpr int kWarpDims = kDim / kColGroups, kNTiles = kWarpDims / 8;
   DSV4_DYNAMIC_SMEM(std::uint16_t, smem);
-  std::uint16_t* qs = smem;                        // [64 heads][kRow]
-  std::uint16_t* ks = smem + kHeadsPerCta * kRow;  // [64 keys][kRow]
+  std::uint16_t* qs = smem;                  // [kHeads][kRow]
+  std::uint16_t* ks = smem + kHeads * kRow;  // [64 keys][kRow]
   const DeviceStep& st = *a.step;
   const int t = blockIdx.x;
   if (t >= st.n_tokens) return;
   const int hg = blockIdx.y, split = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
-  const int wr = warp & 3, wc = warp >> 2;
+  const int wr = warp % kRowTiles, wc = warp / kRowTiles;
   const int row = st.token_row[t];
   const KeySet keys = key_set(a, st, t);
   const int chunks = (keys.n_keys + kKeys - 1) / kKeys;
   const int per_split = (chunks + a.splits - 1) / a.splits;
   const int c_begin = split * per_split, c_end = min(chunks, c_begin + per_split);
 
-  for (int idx = tid; idx < kHeadsPerCta * (kDim / 8); idx += kThreads) {
+  for (int idx = tid; idx < kHeads * (kDim / 8); idx += kThreads) {
     const int h = idx / (kDim / 8), part = idx % (kDim / 8);
-    const int head = hg * kHeadsPerCta + h;
+    const int head = hg * kHeads + h;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (head < a.heads) v = *reinterpret_cast<const uint4*>(a.q + (static_cast<std::int64_t>(t) * a.heads + head) * kDim + part * 8);
     *reinterpret_cast<uint4*>(qs + h * kRow + part * 8) = v;
   }
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float o[32][4];
+  float o[kNTiles][4];
   DSV4_UNROLL
-  for (int nj = 0; nj < 32; ++nj)
+  for (int nj = 0; nj < kNTiles; ++nj)
     DSV4_UNROLL
     for (int e = 0; e < 4; ++e) o[nj][e] = 0.0f;
 
@@ -216,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       l[r] = l[r] * corr[r] + sum[r];
     }
     DSV4_UNROLL
-    for (int nj = 0; nj < 32; ++nj) {
+    for (int nj = 0; nj < kNTiles; ++nj) {
       o[nj][0] *= corr[0];
       o[nj][1] *= corr[0];
       o[nj][2] *= corr[1];
@@ -226,9 +232,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     DSV4_UNROLL
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       const std::uint32_t af[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0], pf[2 * kk + 1][1]};
-      const std::uint16_t* v0 = ks + (kk * 16 + tig * 2) * kRow + wc * 256 + g;
+      const std::uint16_t* v0 = ks + (kk * 16 + tig * 2) * kRow + wc * kWarpDims + g;
       DSV4_UNROLL
-      for (int nj = 0; nj < 32; ++nj) {
+      for (int nj = 0; nj < kNTiles; ++nj) {
         const std::uint16_t* vb = v0 + nj * 8;
         std::uint32_t bf[2];
         bf[0] = pack_bits(vb[0], vb[kRow]);
@@ -241,21 +247,21 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   const float* cs = (a.compressed_rope ? st.rope_compressed : st.rope_window) + static_cast<std::int64_t>(t) * 2 * kRopeHalf;
   DSV4_UNROLL
   for (int r = 0; r < 2; ++r) {
-    const int head = hg * kHeadsPerCta + wr * 16 + g + 8 * r;
+    const int head = hg * kHeads + wr * 16 + g + 8 * r;
     if (head < a.heads && a.splits == 1) {
       const float den = l[r] + exp_float(a.sink[head] - m[r]);
       std::uint16_t* out = a.out + (static_cast<std::int64_t>(t) * a.heads + head) * kDim;
       DSV4_UNROLL
-      for (int nj = 0; nj < 32; ++nj) {
-        const int d = wc * 256 + nj * 8 + tig * 2;
+      for (int nj = 0; nj < kNTiles; ++nj) {
+        const int d = wc * kWarpDims + nj * 8 + tig * 2;
         finish_pair(o[nj][2 * r] / den, o[nj][2 * r + 1] / den, d, cs, out);
       }
     } else if (head < a.heads) {
       const std::int64_t base = (static_cast<std::int64_t>(split) * a.capacity + t) * a.heads + head;
       float* acc = a.part_acc + base * kDim;
       DSV4_UNROLL
-      for (int nj = 0; nj < 32; ++nj) {
-        const int d = wc * 256 + nj * 8 + tig * 2;
+      for (int nj = 0; nj < kNTiles; ++nj) {
+        const int d = wc * kWarpDims + nj * 8 + tig * 2;
         acc[d] = o[nj][2 * r];
         acc[d + 1] = o[nj][2 * r + 1];
       }
@@ -298,7 +304,7 @@ __global__ void combine_kernel(AttentionArgs a) {
 }  // namespace
 
 int attention_splits(std::int64_t tokens, std::int64_t heads, std::int64_t max_keys, int sm_count) {
-  const std::int64_t ctas = tokens * ((heads + kHeadsPerCta - 1) / kHeadsPerCta);
+  const std::int64_t ctas = tokens * ((heads + 63) / 64);
   if (tokens <= 0 || ctas >= sm_count) return 1;
   const std::int64_t chunks = (max_keys + kKeys - 1) / kKeys;
   std::int64_t splits = std::min<std::int64_t>((2 * sm_count + ctas - 1) / ctas, chunks);
@@ -312,11 +318,21 @@ void sparse_attention(const AttentionArgs& args, gpu_stream_t stream) {
     launch_error("sparse_attention: {} splits without partial buffers", {args.splits});
   if (args.splits > 1 && args.splits * args.capacity > kMaxSplitTokens)
     launch_error("sparse_attention: {} splits x {} tokens exceed the partial buffers", {args.splits, args.capacity});
-  static const bool smem_set = (set_max_dynamic_smem(attention_kernel, kSmem), true);
-  (void)smem_set;
-  const unsigned head_groups = static_cast<unsigned>((args.heads + kHeadsPerCta - 1) / kHeadsPerCta);
-  launch(attention_kernel, dim3(static_cast<unsigned>(args.capacity), head_groups, static_cast<unsigned>(args.splits)),
-         dim3(kThreads), kSmem, stream, args);
+  // Few CTAs at 64 heads each (decode): 16 heads a CTA, four times the CTAs.
+  const std::int64_t ctas64 = static_cast<std::int64_t>(args.capacity) * ((args.heads + 63) / 64) * args.splits;
+  const int heads_per_cta = args.heads_per_cta != 0 ? args.heads_per_cta : (ctas64 < args.sm_count ? 16 : 64);
+  if (heads_per_cta != 16 && heads_per_cta != 64) launch_error("sparse_attention: {} heads a CTA (16 or 64)", {heads_per_cta});
+  const unsigned head_groups = static_cast<unsigned>((args.heads + heads_per_cta - 1) / heads_per_cta);
+  const dim3 grid(static_cast<unsigned>(args.capacity), head_groups, static_cast<unsigned>(args.splits));
+  if (heads_per_cta == 16) {
+    static const bool smem_set = (set_max_dynamic_smem(attention_kernel<16>, smem_bytes(16)), true);
+    (void)smem_set;
+    launch(attention_kernel<16>, grid, dim3(kThreads), smem_bytes(16), stream, args);
+  } else {
+    static const bool smem_set = (set_max_dynamic_smem(attention_kernel<64>, smem_bytes(64)), true);
+    (void)smem_set;
+    launch(attention_kernel<64>, grid, dim3(kThreads), smem_bytes(64), stream, args);
+  }
   if (args.splits > 1) {
     launch(combine_kernel, dim3(static_cast<unsigned>(args.capacity), static_cast<unsigned>(args.heads)), dim3(kDim / 4), 0,
            stream, args);

@@ -9,9 +9,10 @@
 // them with the per-head sink in the denominator, probabilities rounded to bf16 before P.V, the
 // output rounded to bf16, rotated back by the inverse RoPE at p, rounded again.
 //
-// A CTA takes one token, 64 heads and a share of the token's keys (split-K over `splits` CTAs
-// when keys are many and tokens few: partial softmax states, merged by a combine kernel), 64
-// keys at a time through shared memory; bf16 mma for Q.K^T and P.V.
+// A CTA takes one token, 64 heads (16 when the grid would be small: decode) and a share of the
+// token's keys (split-K over `splits` CTAs when keys are many and tokens few: partial softmax
+// states, merged by a combine kernel), 64 keys at a time through shared memory; bf16 mma for
+// Q.K^T and P.V. The heads a CTA takes change no value.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +43,8 @@ struct AttentionArgs {
   std::int32_t splits = 1;
   float* part_acc = nullptr;
   float* part_ml = nullptr;
+  std::int32_t heads_per_cta = 0;  // 16 or 64; 0: chosen by the grid size (tests force each)
+  std::int32_t sm_count = 132;     // the GPU's SMs (the grid-size choice)
 };
 
 // Keys of a token at most: window + max(top_k, complete c128 entries).

@@ -109,16 +109,50 @@ __global__ void __launch_bounds__(1024) permute_kernel(MoePermuteArgs a) {
   __syncthreads();
   for (int p = threadIdx.x; p < pairs; p += blockDim.x) atomicAdd(&count[a.route_expert[p]], 1);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int rows = 0, tiles = 0;
-    for (int e = 0; e < E; ++e) {
-      offset[e] = rows;
-      tile_offset[e] = tiles;
-      rows += count[e];
-      tiles += (count[e] + a.tile_m - 1) / a.tile_m;
+  // Offsets of each expert's rows and tiles: an exclusive scan over the experts (thread e holds
+  // expert e; warp scans by shuffles, then a scan of the warp totals).
+  {
+    __shared__ int warp_rows[32], warp_tiles[32];
+    const int e = threadIdx.x, lane = e & 31, warp = e >> 5;
+    const int c = e < E ? count[e] : 0;
+    int r = c, t = (c + a.tile_m - 1) / a.tile_m;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int rr = __shfl_up_sync(0xffffffffu, r, o), tt = __shfl_up_sync(0xffffffffu, t, o);
+      if (lane >= o) {
+        r += rr;
+        t += tt;
+      }
     }
-    *a.num_tiles = tiles;
-    *a.num_rows = rows;
+    if (lane == 31) {
+      warp_rows[warp] = r;
+      warp_tiles[warp] = t;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      const int n_warps = static_cast<int>(blockDim.x >> 5);
+      int wr = lane < n_warps ? warp_rows[lane] : 0, wt = lane < n_warps ? warp_tiles[lane] : 0;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int rr = __shfl_up_sync(0xffffffffu, wr, o), tt = __shfl_up_sync(0xffffffffu, wt, o);
+        if (lane >= o) {
+          wr += rr;
+          wt += tt;
+        }
+      }
+      if (lane < n_warps) {
+        warp_rows[lane] = wr;  // inclusive totals through warp `lane`
+        warp_tiles[lane] = wt;
+      }
+    }
+    __syncthreads();
+    const int before_rows = warp == 0 ? 0 : warp_rows[warp - 1], before_tiles = warp == 0 ? 0 : warp_tiles[warp - 1];
+    if (e < E) {
+      offset[e] = before_rows + r - c;
+      tile_offset[e] = before_tiles + t - (c + a.tile_m - 1) / a.tile_m;
+    }
+    if (e == static_cast<int>(blockDim.x) - 1) {
+      *a.num_rows = before_rows + r;
+      *a.num_tiles = before_tiles + t;
+    }
   }
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -217,7 +251,7 @@ void moe_route(const MoeRouteArgs& args, gpu_stream_t stream) {
 
 void moe_permute(const MoePermuteArgs& args, gpu_stream_t stream) {
   if (args.experts > kMaxExperts) launch_error("GPU MoE: {} experts (at most {})", {args.experts, kMaxExperts});
-  launch(permute_kernel, dim3(1), dim3(1024), 0, stream, args);
+  launch(permute_kernel, dim3(1), dim3(kMaxExperts), 0, stream, args);
 }
 
 std::int32_t moe_max_tiles(std::int64_t tokens, std::int64_t top_k, std::int64_t experts, std::int32_t tile_m) {
