@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "cuda/cuda_executor.h"
 #include "cuda/runtime.h"
 #include "gpu_bench_util.h"
+#include "executor/inspector.h"
 #include "executor/step_plan.h"
 #include "kvcache/kv_cache_manager.h"
 #include "kvcache/memory_plan.h"
@@ -81,6 +83,25 @@ void print_profile(gpu::CudaExecutor& exec, double step_ms) {
   fmt::print("      {:<46} {:9.3f} ms (profiled step: decode as a graph with timing nodes, prefill eager; graph step {:.3f} ms)\n", "total", sum, step_ms);
 }
 
+// Finds where non-finite values first appear: the first layer whose residual streams hold one.
+class FiniteCheck final : public Inspector {
+ public:
+  void hidden(std::int64_t layer, std::span<const std::int64_t> seqs, std::span<const std::int64_t> positions,
+              std::span<const float> hidden) override {
+    (void)seqs;
+    if (first_layer_ >= 0) return;
+    const std::size_t width = positions.empty() ? 0 : hidden.size() / positions.size();
+    for (std::size_t i = 0; i < hidden.size(); ++i)
+      if (!std::isfinite(hidden[i])) {
+        first_layer_ = layer;
+        first_row_ = width == 0 ? 0 : static_cast<std::int64_t>(i / width);
+        return;
+      }
+  }
+  void attention(std::int64_t, const AttentionTap&) override {}
+  std::int64_t first_layer_ = -1, first_row_ = -1;
+};
+
 struct Runner {
   gpu::CudaExecutor& exec;
   KvCacheManager& kv;
@@ -102,12 +123,23 @@ struct Runner {
     const auto t0 = Clock::now();
     exec.execute(plan, logits);
     const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    std::int64_t bad_row = -1;
+    for (std::size_t i = 0; i < logits.size() && bad_row < 0; ++i)
+      if (!std::isfinite(logits[i])) bad_row = static_cast<std::int64_t>(i) / c.vocab_size;
+    if (bad_row >= 0) {
+      // Once more, eagerly, with the residual streams checked layer by layer (the cache pages
+      // hold this step's entries already; rewriting them with the same values changes nothing).
+      FiniteCheck check;
+      exec.set_inspector(&check);
+      exec.execute(plan, logits);
+      exec.set_inspector(nullptr);
+      fail("benchmark: non-finite logits (row {} of {}); eagerly with taps: first non-finite streams after layer {} (row {})",
+           bad_row, plan.num_logits_rows(), check.first_layer_, check.first_row_);
+    }
     for (std::size_t r = 0; r < slices.size(); ++r) {
       const auto begin = plan.token_ids.begin() + plan.view.token_start[r], end = plan.token_ids.begin() + plan.view.token_start[r + 1];
       kv.commit(slices[r].seq, std::vector<std::int32_t>(begin, end));
     }
-    for (float v : {logits.front(), logits.back()})
-      if (!std::isfinite(v)) fail("benchmark: non-finite logits");
     return ms;
   }
 };
@@ -153,13 +185,17 @@ int run(int argc, char** argv) {
   const std::vector<std::int64_t> pages = pool_pages_for_budget(exec->cache_spec(), budget, max_ctx);
   KvCacheManager kv(exec->cache_spec(), pages, /*prefix_caching=*/false);
   exec->allocate(pages, limits);
-  exec->randomize_cache(7);
   Runner run{*exec, kv, c};
   SeqId next_id = 1;
 
   fmt::print("\n| decode | context | batch | step (ms) | tokens/s | roofline (ms) | of roofline |\n|---|---|---|---|---|---|---|\n");
   for (std::int64_t ctx : contexts) {
     for (std::int64_t b : batches) {
+      // The sequences' contexts are never computed, only their pages filled: pages freed by the
+      // previous configuration hold entries of other cache groups that share their page size
+      // (fp32 compressor state read as e4m3 codes can be NaN), so every configuration starts from
+      // freshly randomized pools.
+      exec->randomize_cache(static_cast<std::uint64_t>(7 + ctx + b));
       std::vector<StepSlice> seqs;
       for (std::int64_t i = 0; i < b; ++i) {
         const SeqId id = next_id++;

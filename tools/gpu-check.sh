@@ -116,10 +116,10 @@ c["num_hidden_layers"] = 4
 c["compress_ratios"] = c["compress_ratios"][:4] + c["compress_ratios"][-1:]
 json.dump(c, open(sys.argv[2], "w"), indent=1)
 PY
+# (run by `timeout` through bash -c, so it takes everything from the environment)
 serve_check() {
-  local port=18411 dsv4
-  dsv4=$(find_program dsv4)
-  "$dsv4" serve --device cuda --load-format dummy --model "$serve_dir" --port $port --max-model-len 8192 \
+  local port=18411
+  "$serve_dsv4" serve --device cuda --load-format dummy --model "$serve_dir" --served-model-name m --port $port --max-model-len 8192 \
     --max-num-batched-tokens 512 --max-num-seqs 8 >"$logs/serve_server.log" 2>&1 &
   local pid=$!
   for _ in $(seq 1 240); do
@@ -134,8 +134,11 @@ serve_check() {
   wait $pid 2>/dev/null
   [ $ok -eq 0 ] && grep -q '\[DONE\]' "$logs/serve_stream.txt"
 }
+serve_dsv4=$(find_program dsv4)
+export serve_dsv4 serve_dir logs
+export -f serve_check
 if [ -f "$serve_dir/config.json" ]; then
-  check serve_stream 400 serve_check
+  check serve_stream 400 bash -c serve_check
 fi
 
 echo
