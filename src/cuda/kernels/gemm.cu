@@ -757,10 +757,16 @@ void launch_mma_bf16(const MmaArgs& args, std::int64_t row_tiles, int groups, gp
          dim3(kThreads), kMmaSmem, stream, args);
 }
 
-bool use_small(std::int64_t rows, GemmPath path) {
+// The few-rows kernel up to 16 rows, and up to 128 while the tile kernel would leave the GPU
+// short of CTAs (outputs narrower than ~16K for one 128-row tile): measured by bench_gpu_gemm,
+// where the tile kernel at 32-128 rows loses to re-reading the weight per 8 rows until it has
+// about one 128 x 128 tile per SM.
+bool use_small(std::int64_t rows, std::int64_t n, GemmPath path) {
   if (path == GemmPath::kFewRows) return true;
   if (path == GemmPath::kTiles) return false;
-  return rows <= 16;
+  if (rows <= 16) return true;
+  const std::int64_t tile_ctas = ((n + kTileN - 1) / kTileN) * ((rows + kTileM - 1) / kTileM);
+  return rows <= 128 && tile_ctas < 132;
 }
 
 }  // namespace
@@ -783,7 +789,7 @@ void gemm_quantized(const QuantizedRows& a, std::int64_t rows, const DeviceWeigh
   if (rows <= 0) return;
   if (a.k != w.k) launch_error("gemm_quantized: activations of {} columns for a weight of {}", {a.k, w.k});
   if (w.format == WeightFormat::kBf16) launch_error("gemm_quantized: bf16 weights take gemm_bf16");
-  if (use_small(rows, path)) {
+  if (use_small(rows, w.n, path)) {
     SmallArgs s{a.codes, a.scales, nullptr, 0, 0, w.k, w, 0, out, rows, rows_dev, {}, false};
     const std::int64_t tiles = (rows + kSmallRows - 1) / kSmallRows;
     if (w.format == WeightFormat::kFp8) launch_few<FewFp8, WeightFormat::kFp8>(s, tiles, stream);
@@ -825,7 +831,7 @@ void gemm_bf16(const std::uint16_t* a, std::int64_t lda, std::int64_t rows, cons
   // one group; other layouts take the tile kernel.
   const bool few_layout = lda % 8 == 0 && a_stride % 8 == 0 && reinterpret_cast<std::uintptr_t>(a) % 16 == 0 &&
                           (groups == 1 || n_group % 16 == 0);
-  if (use_small(rows, path) && (few_layout || path == GemmPath::kFewRows)) {
+  if (use_small(rows, w.n, path) && (few_layout || path == GemmPath::kFewRows)) {
     if (!few_layout) launch_error("gemm_bf16: the few-rows kernel needs 16-byte aligned activation rows and output groups of a multiple of 16 rows");
     SmallArgs s{nullptr, nullptr, a, lda, a_stride, w.k, w, groups > 1 ? n_group : 0, out, rows, rows_dev, {}, false};
     const std::int64_t tiles = (rows + kSmallRows - 1) / kSmallRows;

@@ -6,7 +6,8 @@
 //     accumulation -- for bf16-valued inputs the same as the reference's fp32 products.
 // CPU twins: cpu/linear.h (linear, linear_bf16, linear_f32, linear_grouped_bf16).
 //
-// Kernels (gemm.cu), chosen by row count: for few rows (decode: bound by reading the weight) a
+// Kernels (gemm.cu), chosen by row count (up to 16 rows, or up to 128 when the output is too
+// narrow to give the tile kernel a CTA per SM): for few rows (decode: bound by reading the weight) a
 // kernel that puts the weight on the A side of mma.sync and up to 8 activation rows on the B side,
 // loading the weight straight into registers; for many rows tensor-core tile kernels (128 x 128
 // tiles through shared memory). Both use mma.sync e4m3 for fp8/fp4 weights (fp4 values rebuilt as
