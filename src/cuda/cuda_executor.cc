@@ -489,6 +489,9 @@ void CudaExecutor::launch(const StepPlan& plan) {
   bool decode = n_mtp == 0 && inspector_ == nullptr && options_.cuda_graphs && !simulated() && T <= kMaxGraphBucket;
   for (std::int64_t r = 0; decode && r < plan.num_rows(); ++r)
     decode = plan.view.token_start[static_cast<std::size_t>(r) + 1] - plan.view.token_start[static_cast<std::size_t>(r)] == 1;
+  // Decode steps pick GEMM kernels for speed; steps with prompt tokens keep the tile kernels from
+  // 17 rows on, so a prompt's logits do not depend on how it is chunked (GemmPath).
+  gemm_path_ = decode ? GemmPath::kAuto : GemmPath::kAutoPrefill;
   std::int32_t bucket = 1;
   while (bucket < T) bucket *= 2;
   bucket = std::min<std::int32_t>(bucket, static_cast<std::int32_t>(limits_.max_tokens));
@@ -576,7 +579,7 @@ void CudaExecutor::forward(std::int32_t capacity, std::int64_t n_logits, std::in
       ProfileScope prof(*this, "head");
       hc_head(h, main_step_, false, head_rows, weights_.hc_head, weights_.norm, shape, s.head_y, s.hc_scratch, st);
       gemm_bf16(s.head_y, c.hidden_size, head_rows, weights_.head, 1, GemmOutput{s.logits, c.vocab_size, true},
-                n_logits_of(main_step_), st);
+                n_logits_of(main_step_), st, gemm_path_);
     }
   }
   if (n_mtp > 0) mtp_block(n_mtp, n_logits);
@@ -598,16 +601,16 @@ void CudaExecutor::mtp_block(std::int64_t n_mtp, std::int64_t n_logits) {
   gather_mtp_rows(s.h0, mtp_step_, n, hc * D, s.mtp_hn, st);
   rms_norm_rows(s.mtp_hn, m.hnorm, n * hc, D, eps, s.mtp_hn, nullptr, st);
   quantize_activations(s.mtp_hn, D, n * hc, D, s.mtp_q, s.mtp_s, nullptr, st);
-  gemm_quantized(QuantizedRows{s.mtp_q, s.mtp_s, D}, n * hc, m.h_proj, GemmOutput{s.mtp_hp, D, false}, nullptr, st);
+  gemm_quantized(QuantizedRows{s.mtp_q, s.mtp_s, D}, n * hc, m.h_proj, GemmOutput{s.mtp_hp, D, false}, nullptr, st, gemm_path_);
   embed_streams(mtp_step_, n, weights_.embed, s.mtp_e, one, st);
   rms_norm_rows(s.mtp_e, m.enorm, n, D, eps, s.mtp_e, nullptr, st);
   quantize_activations(s.mtp_e, D, n, D, s.mtp_q, s.mtp_s, nullptr, st);
-  gemm_quantized(QuantizedRows{s.mtp_q, s.mtp_s, D}, n, m.e_proj, GemmOutput{s.mtp_ep, D, false}, nullptr, st);
+  gemm_quantized(QuantizedRows{s.mtp_q, s.mtp_s, D}, n, m.e_proj, GemmOutput{s.mtp_ep, D, false}, nullptr, st, gemm_path_);
   mtp_streams(s.mtp_hp, s.mtp_ep, shape, n, s.mtp_h0, st);
   attention_layer(mtp_step_, n, m.block, s.mtp_h0, s.mtp_h1, nullptr);
   ffn_layer(mtp_step_, n, m.block, s.mtp_h1, s.mtp_h0);
   hc_head(s.mtp_h0, mtp_step_, true, n, m.hc_head, m.norm, shape, s.head_y, s.hc_scratch, st);
-  gemm_bf16(s.head_y, D, n, weights_.head, 1, GemmOutput{s.logits + n_logits * c.vocab_size, c.vocab_size, true}, nullptr, st);
+  gemm_bf16(s.head_y, D, n, weights_.head, 1, GemmOutput{s.logits + n_logits * c.vocab_size, c.vocab_size, true}, nullptr, st, gemm_path_);
 }
 
 void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, const GpuBlockWeights& w, const std::uint16_t* h,
@@ -631,11 +634,11 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
     ProfileScope prof(*this, "attn: hc_pre + q/kv projections");
     hc_pre(h, w.hc_attn, w.attn_norm, shape, cap, s.x, s.post, s.comb, n_dev, s.hc_scratch, st);
     quantize_activations(s.x, D, cap, D, s.xq, s.xs, n_dev, st);
-    gemm_quantized(xq, cap, w.wq_a, GemmOutput{s.qa, ql, false}, n_dev, st);
+    gemm_quantized(xq, cap, w.wq_a, GemmOutput{s.qa, ql, false}, n_dev, st, gemm_path_);
     rms_norm_rows(s.qa, w.q_norm, cap, ql, eps, s.qr, n_dev, st);
     quantize_activations(s.qr, ql, cap, ql, s.qrq, s.qrs, n_dev, st);
-    gemm_quantized(qrq, cap, w.wq_b, GemmOutput{s.q, H * 512, false}, n_dev, st);
-    gemm_quantized(xq, cap, w.wkv, GemmOutput{s.kv, 512, false}, n_dev, st);
+    gemm_quantized(qrq, cap, w.wq_b, GemmOutput{s.q, H * 512, false}, n_dev, st, gemm_path_);
+    gemm_quantized(xq, cap, w.wkv, GemmOutput{s.kv, 512, false}, n_dev, st, gemm_path_);
   }
   {
     ProfileScope prof(*this, "attn: q/kv norm + RoPE + window insert");
@@ -660,8 +663,8 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
     ProfileScope prof(*this, "attn: compressor projections + state");
     const GpuCompressorWeights& cw = *w.compressor;
     const std::int64_t pd = (r == 4 ? 2 : 1) * 512;
-    gemm_bf16(s.x, D, cap, cw.wkv, 1, GemmOutput{s.state_main, 2 * pd, true}, n_dev, st);
-    gemm_bf16(s.x, D, cap, cw.wgate, 1, GemmOutput{s.state_main + pd, 2 * pd, true}, n_dev, st);
+    gemm_bf16(s.x, D, cap, cw.wkv, 1, GemmOutput{s.state_main, 2 * pd, true}, n_dev, st, gemm_path_);
+    gemm_bf16(s.x, D, cap, cw.wgate, 1, GemmOutput{s.state_main + pd, 2 * pd, true}, n_dev, st, gemm_path_);
     main_c.step = step;
     main_c.capacity = cap;
     main_c.ratio = static_cast<std::int32_t>(r);
@@ -689,7 +692,7 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
     ProfileScope prof(*this, "attn: indexer query + weights + compressor");
     const GpuIndexerWeights& iw = *w.indexer;
     const std::int64_t IH = c.index_n_heads, ID = c.index_head_dim;
-    gemm_quantized(qrq, cap, iw.wq_b, GemmOutput{s.iq, IH * ID, false}, n_dev, st);
+    gemm_quantized(qrq, cap, iw.wq_b, GemmOutput{s.iq, IH * ID, false}, n_dev, st, gemm_path_);
     ix.step = step;
     ix.capacity = cap;
     ix.heads = static_cast<std::int32_t>(IH);
@@ -701,10 +704,10 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
     ix.max_entries = s.max_entries;
     ix.top_k = static_cast<std::int32_t>(c.index_topk);
     indexer_query(ix, st);
-    gemm_bf16(s.x, D, cap, iw.weights_proj, 1, GemmOutput{s.iw, IH, false}, n_dev, st);
+    gemm_bf16(s.x, D, cap, iw.weights_proj, 1, GemmOutput{s.iw, IH, false}, n_dev, st, gemm_path_);
     const std::int64_t pd = 2 * ID;
-    gemm_bf16(s.x, D, cap, iw.compressor.wkv, 1, GemmOutput{s.state_index, 2 * pd, true}, n_dev, st);
-    gemm_bf16(s.x, D, cap, iw.compressor.wgate, 1, GemmOutput{s.state_index + pd, 2 * pd, true}, n_dev, st);
+    gemm_bf16(s.x, D, cap, iw.compressor.wkv, 1, GemmOutput{s.state_index, 2 * pd, true}, n_dev, st, gemm_path_);
+    gemm_bf16(s.x, D, cap, iw.compressor.wgate, 1, GemmOutput{s.state_index + pd, 2 * pd, true}, n_dev, st, gemm_path_);
     index_c = main_c;
     index_c.head_dim = static_cast<std::int32_t>(ID);
     index_c.state = s.state_index;
@@ -813,9 +816,9 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
   const std::int64_t GO = c.o_groups * c.o_lora_rank;
   {
     ProfileScope prof(*this, "attn: output projections + hc_post");
-    gemm_bf16(s.o, H * 512, cap, w.wo_a, static_cast<int>(c.o_groups), GemmOutput{s.z, GO, false}, n_dev, st);
+    gemm_bf16(s.o, H * 512, cap, w.wo_a, static_cast<int>(c.o_groups), GemmOutput{s.z, GO, false}, n_dev, st, gemm_path_);
     quantize_activations(s.z, GO, cap, GO, s.zq, s.zs, n_dev, st);
-    gemm_quantized(QuantizedRows{s.zq, s.zs, GO}, cap, w.wo_b, GemmOutput{s.attn_out, D, false}, n_dev, st);
+    gemm_quantized(QuantizedRows{s.zq, s.zs, GO}, cap, w.wo_b, GemmOutput{s.attn_out, D, false}, n_dev, st, gemm_path_);
     hc_post(s.attn_out, h, s.post, s.comb, shape, cap, h_out, n_dev, st);
   }
 }
@@ -835,7 +838,7 @@ void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const Gpu
     ProfileScope prof(*this, "moe: hc_pre + gate + route");
     hc_pre(h, w.hc_ffn, w.ffn_norm, shape, cap, s.x, s.post, s.comb, n_dev, s.hc_scratch, st);
     // Routing (fp32 gate).
-    gemm_bf16(s.x, D, cap, w.gate, 1, GemmOutput{s.gate_logits, E, true}, n_dev, st);
+    gemm_bf16(s.x, D, cap, w.gate, 1, GemmOutput{s.gate_logits, E, true}, n_dev, st, gemm_path_);
     MoeRouteArgs route;
     route.step = step;
     route.capacity = cap;
@@ -880,10 +883,10 @@ void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const Gpu
   // Shared expert (weight 1).
   {
     ProfileScope prof(*this, "moe: shared expert");
-    gemm_quantized(QuantizedRows{s.xq, s.xs, D}, cap, w.shared_w1, GemmOutput{s.gus, 2 * I, false}, n_dev, st);
-    gemm_quantized(QuantizedRows{s.xq, s.xs, D}, cap, w.shared_w3, GemmOutput{s.gus + I, 2 * I, false}, n_dev, st);
+    gemm_quantized(QuantizedRows{s.xq, s.xs, D}, cap, w.shared_w1, GemmOutput{s.gus, 2 * I, false}, n_dev, st, gemm_path_);
+    gemm_quantized(QuantizedRows{s.xq, s.xs, D}, cap, w.shared_w3, GemmOutput{s.gus + I, 2 * I, false}, n_dev, st, gemm_path_);
     swiglu_quantize(s.gus, cap, n_dev, I, limit, nullptr, s.hsq, s.hss, st);
-    gemm_quantized(QuantizedRows{s.hsq, s.hss, I}, cap, w.shared_w2, GemmOutput{s.ys, D, false}, n_dev, st);
+    gemm_quantized(QuantizedRows{s.hsq, s.hss, I}, cap, w.shared_w2, GemmOutput{s.ys, D, false}, n_dev, st, gemm_path_);
   }
   {
     ProfileScope prof(*this, "moe: combine + hc_post");

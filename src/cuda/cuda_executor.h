@@ -118,6 +118,7 @@ class CudaExecutor final : public Executor {
   std::set<std::int32_t> warm_buckets_;    // buckets run once eagerly (module loads) before capture
   Graph profile_graph_;                    // the last profiled decode step (kept until the next)
   bool capturing_ = false;                 // inside profile_graph_'s capture
+  GemmPath gemm_path_ = GemmPath::kAuto;   // this step's GEMM kernel policy (launch)
   std::int64_t graph_replays_ = 0;
   // The launched step.
   const StepPlan* launched_ = nullptr;

@@ -370,8 +370,8 @@ TEST_F(GpuModel, PathsAgreeOnTheGpu) {
     }
     std::printf("[gpu-paths] %-10s batched vs alone: first-token logprob differs by at most %.2e; prefix hits (%lld cached tokens): %.2e\n",
                 k.name.c_str(), worst_batch, static_cast<long long>(cached), worst_hit);
-    // Batched and alone differ where the GPU picks kernels by row count (few-rows vs tile GEMMs,
-    // expert GEMMs by rows per expert, attention split over more blocks when a step has few query
+    // Batched and alone differ where the GPU picks kernels by the step's size (few-rows vs tile
+    // GEMMs at 16 rows and below, attention split over more blocks when a step has few query
     // tokens): the same values summed in other groupings, rare one-ulp bf16 differences that FP8
     // activation quantization amplifies -- the spread of the chunked path above (logits median
     // ~5%), worth a few tenths of a nat on a random model's logprobs. A wrong key, position or

@@ -765,6 +765,7 @@ bool use_small(std::int64_t rows, std::int64_t n, GemmPath path) {
   if (path == GemmPath::kFewRows) return true;
   if (path == GemmPath::kTiles) return false;
   if (rows <= 16) return true;
+  if (path == GemmPath::kAutoPrefill) return false;
   const std::int64_t tile_ctas = ((n + kTileN - 1) / kTileN) * ((rows + kTileM - 1) / kTileM);
   return rows <= 128 && tile_ctas < 132;
 }

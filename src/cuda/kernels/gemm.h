@@ -6,8 +6,7 @@
 //     accumulation -- for bf16-valued inputs the same as the reference's fp32 products.
 // CPU twins: cpu/linear.h (linear, linear_bf16, linear_f32, linear_grouped_bf16).
 //
-// Kernels (gemm.cu), chosen by row count (up to 16 rows, or up to 128 when the output is too
-// narrow to give the tile kernel a CTA per SM): for few rows (decode: bound by reading the weight) a
+// Kernels (gemm.cu), chosen by row count (GemmPath): for few rows (decode: bound by reading the weight) a
 // kernel that puts the weight on the A side of mma.sync and up to 8 activation rows on the B side,
 // loading the weight straight into registers; for many rows tensor-core tile kernels (128 x 128
 // tiles through shared memory). Both use mma.sync e4m3 for fp8/fp4 weights (fp4 values rebuilt as
@@ -68,8 +67,11 @@ struct ExpertTiles {
   std::int32_t tile_m = 0;     // rows per tile the map was built for (kSmallRows or kTileRows)
 };
 
-// Which kernel runs a product: by row count (kAuto), or forced (tests compare both).
-enum class GemmPath : std::int32_t { kAuto, kFewRows, kTiles };
+// Which kernel runs a product: by row count for speed (kAuto: few rows up to 16, or up to 128
+// when the output is narrow), by row count with tiles from 17 rows on (kAutoPrefill: a prompt's
+// results then do not depend on how it was chunked into steps of more than 16 tokens), or forced
+// (tests compare both).
+enum class GemmPath : std::int32_t { kAuto, kAutoPrefill, kFewRows, kTiles };
 
 inline constexpr int kSmallRows = 8;    // rows the few-rows kernel takes at once
 inline constexpr int kTileRows = 128;   // rows of a tensor-core tile
