@@ -123,7 +123,7 @@ __device__ void weighted_sum_norm(const std::uint16_t* hrow, const float* pre, i
                                   const float* norm_w, float eps, float* ybuf, float* blocks, std::uint16_t* xrow) {
   // Eight values a thread per pass, every stream's 16 bytes loaded before any is used (dim % 8 == 0).
   for (std::int64_t k = 8 * static_cast<std::int64_t>(threadIdx.x); k < dim; k += 8 * static_cast<std::int64_t>(blockDim.x)) {
-    uint4 raw[kMaxHc];
+    uint4 raw[kMaxHc] = {};  // zeroed: the compiler cannot see that only i < hc are read
     DSV4_UNROLL
     for (int i = 0; i < kMaxHc; ++i)
       if (i < hc) raw[i] = *reinterpret_cast<const uint4*>(hrow + i * dim + k);
