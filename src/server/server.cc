@@ -163,8 +163,7 @@ struct Server::Impl {
         channel->last_token = o.times.last_token;
       }
       if (o.finished) {
-        const Clock::time_point end = o.times.finished.value_or(Clock::now());
-        metrics.observe_request(o.finish_reason, seconds_between(o.times.arrival, end));
+        metrics.observe_request(o.finish_reason, o.times, o.times.finished.value_or(Clock::now()));
         channels.erase(it);
       }
       {
