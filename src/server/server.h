@@ -5,11 +5,13 @@
 //   GET  /health                                 503 while the model loads, 200 when ready
 //   GET  /metrics                                Prometheus text (metrics.h)
 //
-// Threads: cpp-httplib's pool runs the handlers; one loop thread steps the engine
-// (engine.h) and hands each RequestOutput to the handler waiting for that request through a
-// small per-request queue. A handler whose client goes away (connection_probe.h, or a failed
-// write) aborts its request, which frees its KV cache at the next step. The port is bound
-// first; the model loads on a background thread, so /health answers 503 meanwhile.
+// Threads: cpp-httplib's pool runs the handlers, with SIGPIPE blocked on those threads only (a
+// client that hangs up costs a failed write, not the process; the process's SIGPIPE setting is
+// left alone: sigpipe.h). One loop thread steps the engine (engine.h) and hands each
+// RequestOutput to the handler waiting for that request through a small per-request queue. A
+// handler whose client goes away (connection_probe.h, or a failed write) aborts its request,
+// which frees its KV cache at the next step. The port is bound first; the model loads on a
+// background thread, so /health answers 503 meanwhile.
 #pragma once
 
 #include <cstddef>
