@@ -135,16 +135,17 @@ int run(double min_s) {
           if (c.op == Op::kF32) old_linear_f32(x, rows, w, y_old, pool);
           if (c.op == Op::kGrouped) old_linear_grouped_bf16(x, rows, w, c.groups, y_old, pool);
         };
+        GemmKernels kernels = GemmKernels::kBest;
         auto new_fn = [&] {
-          if (c.op == Op::kLinear) linear(x, rows, w, y_new, pool);
-          if (c.op == Op::kF32) linear_f32(x, rows, w, y_new, pool);
-          if (c.op == Op::kGrouped) linear_grouped_bf16(x, rows, w, c.groups, y_new, pool);
+          if (c.op == Op::kLinear) linear(x, rows, w, y_new, pool, kernels);
+          if (c.op == Op::kF32) linear_f32(x, rows, w, y_new, pool, kernels);
+          if (c.op == Op::kGrouped) linear_grouped_bf16(x, rows, w, c.groups, y_new, pool, kernels);
         };
         const double t_old = time_call(old_fn, min_s);
-        linear_force_baseline_kernels(true);
+        kernels = GemmKernels::kBaseline;
         const double t_sse = time_call(new_fn, min_s);
         bool equal = std::memcmp(y_old.data(), y_new.data(), y_old.size() * sizeof(float)) == 0;
-        linear_force_baseline_kernels(false);
+        kernels = GemmKernels::kBest;
         const double t_new = time_call(new_fn, min_s);
         equal = equal && std::memcmp(y_old.data(), y_new.data(), y_old.size() * sizeof(float)) == 0;
         all_equal = all_equal && equal;
