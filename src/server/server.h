@@ -32,7 +32,7 @@ struct ServerOptions {
   std::vector<std::string> served_model_names;  // the first is reported; empty: "dsv4"
   std::string api_key;                      // empty: no authentication
   std::size_t max_body_bytes = 4u << 20;    // larger request bodies get 413
-  int http_threads = 0;                     // 0: 2 * max_num_seqs + 16, at least 64
+  int http_threads = 0;                     // HTTP handler threads; 0: 64
   std::int64_t max_logprobs = 20;
   bool log_requests = false;
 };
