@@ -1,177 +1,87 @@
-// Times the CPU linear layers (src/cpu/linear.h) on tiny-model shapes against the scalar
-// implementation they replaced (kept below as old_*), and checks the two agree bit for bit.
-//   bench_cpu_linear [min_seconds_per_case (default 0.3)]
-// Prints, per case: GFLOP/s of the old scalar code, the new kernels forced to baseline SSE2,
-// the new kernels as dispatched (AVX2 where available), and the new/old speedups; single
-// thread and with a 2-thread pool.
+// The CPU linear layers (src/cpu/linear.h) at V4-Flash layer shapes: fp8, fp4 and bf16 weights
+// (FP8-simulated or bf16 activations, blocked fp32 sums, bf16 output), the fp32 GEMM of the
+// compressor projections, and the grouped wo_a; decode (1 row) and a small batch (32 rows); the
+// kernels picked at run time (best: AVX2 where the CPU has it) and the baseline ones (SSE2).
+//   bench_cpu_linear [--benchmark_filter=REGEX] [--benchmark_min_time=S] ...
+// FLOP/s: 2 x rows x out x in. bytes/s: the packed weight (4 bytes a value, as the executor holds
+// it), the activations read and the outputs written.
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <chrono>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
-#include <random>
+#include <map>
 #include <string>
 #include <vector>
 
-#include "common/thread_pool.h"
-#include "cpu/dense_weight.h"
 #include "cpu/linear.h"
-#include "numerics/bf16.h"
+#include "cpu_bench_util.h"
 
-namespace dsv4 {
+namespace dsv4::bench {
 namespace {
 
-// ---- The previous implementation (scalar: one blocked_dot per output element) ----------------
-std::int64_t old_block(const DenseWeight& w) { return w.kind == WeightKind::kFp4 ? 32 : kActQuantBlock; }
-
-template <typename Finish>
-void old_gemm_rows(const std::vector<float>& xs, std::int64_t rows, const DenseWeight& w, std::int64_t block,
-                   std::span<float> out, ThreadPool* pool, Finish finish) {
-  const std::int64_t in = w.in, n_out = w.out;
-  parallel_for(pool, 0, rows * n_out, [&](std::int64_t idx) {
-    const std::int64_t r = idx / n_out, o = idx % n_out;
-    out[static_cast<std::size_t>(idx)] = finish(blocked_dot(xs.data() + r * in, w.w.data() + o * in, in, block));
-  });
-}
-
-void old_linear(std::span<const float> x, std::int64_t rows, const DenseWeight& w, std::span<float> out,
-                ThreadPool* pool) {
-  std::vector<float> xs(x.begin(), x.end());
-  if (w.kind == WeightKind::kBf16) {
-    for (float& v : xs) v = round_to_bf16(v);
-  } else {
-    for (std::int64_t r = 0; r < rows; ++r) {
-      fp8_simulate_activation(
-          std::span<float>(xs).subspan(static_cast<std::size_t>(r * w.in), static_cast<std::size_t>(w.in)));
-    }
-  }
-  old_gemm_rows(xs, rows, w, old_block(w), out, pool, [](float v) { return round_to_bf16(v); });
-}
-
-void old_linear_f32(std::span<const float> x, std::int64_t rows, const DenseWeight& w, std::span<float> out,
-                    ThreadPool* pool) {
-  const std::vector<float> xs(x.begin(), x.end());
-  old_gemm_rows(xs, rows, w, old_block(w), out, pool, [](float v) { return v; });
-}
-
-void old_linear_grouped_bf16(std::span<const float> x, std::int64_t rows, const DenseWeight& w, std::int64_t groups,
-                             std::span<float> out, ThreadPool* pool) {
-  std::vector<float> xs(x.size());
-  std::transform(x.begin(), x.end(), xs.begin(), round_to_bf16);
-  const std::int64_t in = w.in, n_out = w.out, per_group = w.out / groups, block = old_block(w);
-  parallel_for(pool, 0, rows * n_out, [&](std::int64_t idx) {
-    const std::int64_t r = idx / n_out, o = idx % n_out, g = o / per_group;
-    const float* xg = xs.data() + r * groups * in + g * in;
-    out[static_cast<std::size_t>(idx)] = round_to_bf16(blocked_dot(xg, w.w.data() + o * in, in, block));
-  });
-}
-
-// ---- Cases ----------------------------------------------------------------------------------
 enum class Op { kLinear, kF32, kGrouped };
 
-struct Case {
-  std::string name;
+struct Shape {
+  const char* name;
   Op op;
   WeightKind kind;
-  std::int64_t out, in, groups, rows;
+  std::int64_t out, in, groups;
 };
 
-DenseWeight random_weight(std::mt19937& rng, const Case& c) {
-  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
-  std::vector<float> v(static_cast<std::size_t>(c.out * c.in));
-  for (float& x : v) x = c.kind == WeightKind::kF32 ? u(rng) : round_to_bf16(u(rng));
-  return make_dense_weight(c.name, c.out, c.in, c.kind, std::move(v));
+// V4-Flash: D 4096, q_lora 1024, 64 heads of 512, o_groups 8 x o_lora 1024, experts 2048 wide.
+const Shape kShapes[] = {
+    {"wq_a", Op::kLinear, WeightKind::kFp8, 1024, 4096, 1},
+    {"wq_b", Op::kLinear, WeightKind::kFp8, 64 * 512, 1024, 1},
+    {"wo_a_grouped", Op::kGrouped, WeightKind::kBf16, 8 * 1024, 64 * 512 / 8, 8},
+    {"wo_b", Op::kLinear, WeightKind::kFp8, 4096, 8 * 1024, 1},
+    {"expert_w1", Op::kLinear, WeightKind::kFp4, 2048, 4096, 1},
+    {"shared_w2", Op::kLinear, WeightKind::kBf16, 4096, 2048, 1},
+    {"compressor_wkv", Op::kF32, WeightKind::kF32, 2 * 512, 4096, 1},
+};
+
+const DenseWeight& weight_of(const Shape& s) {
+  static std::map<std::string, DenseWeight> weights;
+  auto it = weights.find(s.name);
+  if (it == weights.end()) it = weights.emplace(s.name, random_weight(s.name, s.out, s.in, s.kind, 7)).first;
+  return it->second;
 }
 
-// Best-of time per call (seconds): repeats of a loop lasting at least min_s / 5.
-double time_call(const std::function<void()>& fn, double min_s) {
-  using clock = std::chrono::steady_clock;
-  fn();  // warm up
-  double best = 1e30;
-  const auto t_end = clock::now() + std::chrono::duration<double>(min_s);
-  do {
-    const auto t0 = clock::now();
-    int n = 0;
-    double elapsed = 0;
-    do {
-      fn();
-      ++n;
-      elapsed = std::chrono::duration<double>(clock::now() - t0).count();
-    } while (elapsed < min_s / 5);
-    best = std::min(best, elapsed / n);
-  } while (clock::now() < t_end);
-  return best;
+void run(benchmark::State& state, const Shape& s, std::int64_t rows, GemmKernels kernels, std::int64_t threads) {
+  const DenseWeight& w = weight_of(s);
+  const std::int64_t x_in = s.in * s.groups;
+  const std::vector<float> x = random_values(static_cast<std::size_t>(rows * x_in), 11, 2.0f, false);
+  std::vector<float> y(static_cast<std::size_t>(rows * s.out));
+  ThreadPool* pool = pool_for(threads);
+  for (auto _ : state) {
+    switch (s.op) {
+      case Op::kLinear: linear(x, rows, w, y, pool, kernels); break;
+      case Op::kF32: linear_f32(x, rows, w, y, pool, kernels); break;
+      case Op::kGrouped: linear_grouped_bf16(x, rows, w, s.groups, y, pool, kernels); break;
+    }
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double weight_bytes = 4.0 * static_cast<double>(w.packed.size());
+  set_rates(state, 2.0 * static_cast<double>(rows * s.out * s.in),
+            weight_bytes + 4.0 * static_cast<double>(rows * (x_in + s.out)));
 }
 
-int run(double min_s) {
-  const std::vector<Case> shapes = {
-      {"wq_b fp8 [2048x128]", Op::kLinear, WeightKind::kFp8, 2048, 128, 1, 0},
-      {"wq_a fp8 [128x256]", Op::kLinear, WeightKind::kFp8, 128, 256, 1, 0},
-      {"wo_a grouped fp8 [256x1024] g2", Op::kGrouped, WeightKind::kFp8, 256, 1024, 2, 0},
-      {"head f32 [4096x256]", Op::kF32, WeightKind::kF32, 4096, 256, 1, 0},
-      {"expert fp4 [128x256]", Op::kLinear, WeightKind::kFp4, 128, 256, 1, 0},
-      {"wo_b bf16 [256x256]", Op::kLinear, WeightKind::kBf16, 256, 256, 1, 0},
-  };
-  ThreadPool pool2(2);
-  std::mt19937 rng(1);
-  fmt::print("{:<32} {:>5} {:>3} | {:>9} {:>9} {:>9} | {:>7} {:>7} | bits\n", "case (GFLOP/s)", "rows", "thr", "old",
-             "new-sse2", "new", "sse2/old", "new/old");
-  bool all_equal = true;
-  for (const Case& shape : shapes) {
-    for (std::int64_t rows : {1, 256}) {
-      Case c = shape;
-      c.rows = rows;
-      const DenseWeight w = random_weight(rng, c);
-      const std::int64_t in_row = c.in * c.groups;
-      std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-      std::vector<float> x(static_cast<std::size_t>(rows * in_row));
-      for (float& v : x) v = u(rng);
-      std::vector<float> y_old(static_cast<std::size_t>(rows * c.out)), y_new(y_old.size());
-      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2}) {
-        auto old_fn = [&] {
-          if (c.op == Op::kLinear) old_linear(x, rows, w, y_old, pool);
-          if (c.op == Op::kF32) old_linear_f32(x, rows, w, y_old, pool);
-          if (c.op == Op::kGrouped) old_linear_grouped_bf16(x, rows, w, c.groups, y_old, pool);
-        };
-        auto new_fn = [&] {
-          if (c.op == Op::kLinear) linear(x, rows, w, y_new, pool);
-          if (c.op == Op::kF32) linear_f32(x, rows, w, y_new, pool);
-          if (c.op == Op::kGrouped) linear_grouped_bf16(x, rows, w, c.groups, y_new, pool);
-        };
-        const double t_old = time_call(old_fn, min_s);
-        linear_force_baseline_kernels(true);
-        const double t_sse = time_call(new_fn, min_s);
-        bool equal = std::memcmp(y_old.data(), y_new.data(), y_old.size() * sizeof(float)) == 0;
-        linear_force_baseline_kernels(false);
-        const double t_new = time_call(new_fn, min_s);
-        equal = equal && std::memcmp(y_old.data(), y_new.data(), y_old.size() * sizeof(float)) == 0;
-        all_equal = all_equal && equal;
-        const double flop = 2.0 * static_cast<double>(rows * c.out * c.in);
-        fmt::print("{:<32} {:>5} {:>3} | {:>9.2f} {:>9.2f} {:>9.2f} | {:>7.1f}x {:>6.1f}x | {}\n", c.name, rows,
-                   pool ? pool->size() : 1, flop / t_old * 1e-9, flop / t_sse * 1e-9, flop / t_new * 1e-9,
-                   t_old / t_sse, t_old / t_new, equal ? "same" : "DIFFERENT");
+const bool registered = [] {
+  for (const Shape& s : kShapes) {
+    for (std::int64_t rows : {1, 32}) {
+      for (GemmKernels kernels : {GemmKernels::kBest, GemmKernels::kBaseline}) {
+        for (std::int64_t threads : {1, 2}) {
+          const std::string name =
+              fmt::format("linear/{}_{}_{}x{}/rows:{}/{}/threads:{}", s.name, weight_kind_name(s.kind), s.out, s.in,
+                          rows, kernels == GemmKernels::kBest ? "best" : "baseline", threads);
+          benchmark::RegisterBenchmark(
+              name.c_str(),
+              [&s, rows, kernels, threads](benchmark::State& state) { run(state, s, rows, kernels, threads); })
+              ->Unit(benchmark::kMicrosecond)
+              ->UseRealTime();
+        }
       }
     }
   }
-  // The FP8 activation simulation linear() runs on every fp8/fp4 input row (unchanged here).
-  std::vector<float> row(256), work(256);
-  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-  for (float& v : row) v = u(rng);
-  const double t_sim = time_call(
-      [&] {
-        work = row;
-        fp8_simulate_activation(work);
-      },
-      min_s);
-  fmt::print("fp8_simulate_activation: {:.1f} ns per value (a 256-value row)\n", t_sim / 256 * 1e9);
-  fmt::print("{}\n", all_equal ? "all outputs bit-identical to the old kernels"
-                               : "MISMATCH: new kernels differ from the old ones");
-  return all_equal ? 0 : 1;
-}
+  return true;
+}();
 
 }  // namespace
-}  // namespace dsv4
-
-int main(int argc, char** argv) { return dsv4::run(argc > 1 ? std::atof(argv[1]) : 0.3); }
+}  // namespace dsv4::bench

@@ -8,6 +8,7 @@
 #             and the static CUDA runtime.
 #   A DEPS entry that is itself a GPU library (one made by dsv4_gpu_library, or dsv4_gpu_runtime)
 #   is linked as its _sim variant into NAME_sim. Define GPU libraries before their users.
+#   Both are layered (cmake/Dsv4Layers.cmake): they see their folder and the headers of their DEPS.
 #
 # dsv4_gpu_test(NAME SOURCES ... DEPS ... [LABELS ...])
 #   One GoogleTest program built both ways: NAME_sim is registered with ctest (label "sim");
@@ -84,13 +85,13 @@ function(dsv4_gpu_library name)
   _dsv4_gpu_sources(${name} sim_sources real_sources ${ARG_SOURCES})
 
   add_library(${name}_sim STATIC ${sim_sources})
-  target_include_directories(${name}_sim PUBLIC ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(${name}_sim PUBLIC ${sim_deps} dsv4_gpu_runtime_sim PRIVATE dsv4_warnings)
+  dsv4_layer(${name}_sim SOURCES ${real_sources})
 
   if(DSV4_HAVE_CUDA)
     add_library(${name} STATIC ${real_sources})
-    target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/src)
     target_link_libraries(${name} PUBLIC ${real_deps} dsv4_gpu_runtime CUDA::cudart_static PRIVATE dsv4_warnings)
+    dsv4_layer(${name})
     _dsv4_gpu_real_options(${name})
   endif()
   set_property(GLOBAL APPEND PROPERTY DSV4_GPU_LIBRARIES ${name})

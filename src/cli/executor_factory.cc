@@ -21,7 +21,7 @@ bool cuda_available_in_build() {
 #endif
 }
 
-MadeExecutor make_executor(const ExecutorRequest& r, const EngineConfig& engine) {
+MadeExecutor make_executor(const ExecutorRequest& r, [[maybe_unused]] const EngineConfig& engine) {  // engine: CUDA only
   MadeExecutor made;
   if (r.device == "cpu") {
     if (r.load_format != "auto") fail("--load-format {} needs --device cuda (the CPU executor reads checkpoints)", r.load_format);

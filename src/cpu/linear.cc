@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <stdexcept>
 #include <vector>
 
@@ -163,8 +162,6 @@ bool cpu_has_avx2() {
 }
 #endif
 
-std::atomic<bool> g_force_baseline{false};
-
 // Below this many multiply-adds (activation values) a GEMM (the FP8 activation simulation) runs
 // on the calling thread: waking the pool would cost more.
 constexpr std::int64_t kMinParallelWork = std::int64_t{1} << 17;
@@ -172,7 +169,7 @@ constexpr std::int64_t kMinParallelSimulate = 4096;
 
 // out[r, o] = finish(blocked_dot(x[r] (group of o), W[o])) for all r, o.
 void gemm(const float* x, std::int64_t x_row, std::int64_t rows, const DenseWeight& w, std::int64_t in,
-          std::int64_t per_group, bool round, std::span<float> out, ThreadPool* pool) {
+          std::int64_t per_group, bool round, std::span<float> out, ThreadPool* pool, GemmKernels kernels) {
   if (rows == 0 || w.out == 0) return;
   std::vector<float> local;
   const float* wp = w.packed.data();
@@ -196,7 +193,9 @@ void gemm(const float* x, std::int64_t x_row, std::int64_t rows, const DenseWeig
   const std::int64_t items = (rows + kRowsPerItem - 1) / kRowsPerItem * job.n_items_out;
   void (*run_item)(const GemmJob&, std::int64_t) = run_item_generic;
 #ifdef DSV4_HAVE_AVX2_PATH
-  if (cpu_has_avx2() && !g_force_baseline.load(std::memory_order_relaxed)) run_item = run_item_avx2;
+  if (kernels == GemmKernels::kBest && cpu_has_avx2()) run_item = run_item_avx2;
+#else
+  (void)kernels;
 #endif
   if (rows * w.out * in < kMinParallelWork) pool = nullptr;
   parallel_for(pool, 0, items, [&](std::int64_t idx) { run_item(job, idx); });
@@ -215,8 +214,6 @@ float blocked_dot(const float* a, const float* b, std::int64_t n, std::int64_t b
   return total;
 }
 
-void linear_force_baseline_kernels(bool force) { g_force_baseline.store(force, std::memory_order_relaxed); }
-
 void fp8_simulate_activation(std::span<float> row) {
   for (float& v : row) v = round_to_bf16(v);
   for (std::size_t start = 0; start < row.size(); start += kActQuantBlock) {
@@ -225,9 +222,10 @@ void fp8_simulate_activation(std::span<float> row) {
   }
 }
 
-void linear(std::span<const float> x, std::int64_t rows, const DenseWeight& w, std::span<float> out, ThreadPool* pool) {
+void linear(std::span<const float> x, std::int64_t rows, const DenseWeight& w, std::span<float> out, ThreadPool* pool,
+            GemmKernels kernels) {
   check_shapes("linear", x, rows, w.in, out, w.out, w);
-  if (w.kind == WeightKind::kBf16) return linear_bf16(x, rows, w, out, pool);
+  if (w.kind == WeightKind::kBf16) return linear_bf16(x, rows, w, out, pool, kernels);
   if (w.kind == WeightKind::kF32) {
     throw std::invalid_argument(
         fmt::format("linear: weight '{}' is fp32; use linear_f32, or round_weight_to_bf16 for a bf16 layer", w.name));
@@ -238,29 +236,29 @@ void linear(std::span<const float> x, std::int64_t rows, const DenseWeight& w, s
     fp8_simulate_activation(
         std::span<float>(xs).subspan(static_cast<std::size_t>(r * w.in), static_cast<std::size_t>(w.in)));
   });
-  gemm(xs.data(), w.in, rows, w, w.in, w.out, /*round=*/true, out, pool);
+  gemm(xs.data(), w.in, rows, w, w.in, w.out, /*round=*/true, out, pool, kernels);
 }
 
 void linear_bf16(std::span<const float> x, std::int64_t rows, const DenseWeight& w, std::span<float> out,
-                 ThreadPool* pool) {
+                 ThreadPool* pool, GemmKernels kernels) {
   check_shapes("linear_bf16", x, rows, w.in, out, w.out, w);
   if (w.kind == WeightKind::kF32) {
     throw std::invalid_argument(fmt::format("linear_bf16: weight '{}' is fp32; round_weight_to_bf16 it first", w.name));
   }
   std::vector<float> xs(x.size());
   std::transform(x.begin(), x.end(), xs.begin(), round_to_bf16);
-  gemm(xs.data(), w.in, rows, w, w.in, w.out, /*round=*/true, out, pool);
+  gemm(xs.data(), w.in, rows, w, w.in, w.out, /*round=*/true, out, pool, kernels);
 }
 
 void linear_f32(std::span<const float> x, std::int64_t rows, const DenseWeight& w, std::span<float> out,
-                ThreadPool* pool) {
+                ThreadPool* pool, GemmKernels kernels) {
   check_shapes("linear_f32", x, rows, w.in, out, w.out, w);
   const std::vector<float> xs(x.begin(), x.end());  // x may alias out
-  gemm(xs.data(), w.in, rows, w, w.in, w.out, /*round=*/false, out, pool);
+  gemm(xs.data(), w.in, rows, w, w.in, w.out, /*round=*/false, out, pool, kernels);
 }
 
 void linear_grouped_bf16(std::span<const float> x, std::int64_t rows, const DenseWeight& w, std::int64_t groups,
-                         std::span<float> out, ThreadPool* pool) {
+                         std::span<float> out, ThreadPool* pool, GemmKernels kernels) {
   if (groups <= 0 || w.out % groups != 0) {
     throw std::invalid_argument(fmt::format(
         "linear_grouped_bf16: weight '{}' has {} outputs, not divisible into {} groups", w.name, w.out, groups));
@@ -272,7 +270,7 @@ void linear_grouped_bf16(std::span<const float> x, std::int64_t rows, const Dens
   }
   std::vector<float> xs(x.size());
   std::transform(x.begin(), x.end(), xs.begin(), round_to_bf16);
-  gemm(xs.data(), groups * w.in, rows, w, w.in, w.out / groups, /*round=*/true, out, pool);
+  gemm(xs.data(), groups * w.in, rows, w, w.in, w.out / groups, /*round=*/true, out, pool, kernels);
 }
 
 }  // namespace dsv4

@@ -24,7 +24,7 @@
 // Implementation: the kernels read the weight's packed copy (DenseWeight::packed, k-major tiles
 // of 16 output features) and vectorize across output features and rows, never across k: each
 // output is still exactly the scalar blocked_dot below (tests/cpu/test_linear.cc checks this bit
-// for bit). x86-64 builds pick AVX2 code at run time where the CPU has it, else SSE2.
+// for bit). x86-64 builds pick AVX2 code at run time where the CPU has it, else SSE2 (GemmKernels).
 #pragma once
 
 #include <cstdint>
@@ -37,15 +37,20 @@ namespace dsv4 {
 
 inline constexpr std::int64_t kActQuantBlock = 128;
 
+// Which compiled kernels a call runs: kBest picks at run time (AVX2 where the CPU has it),
+// kBaseline always runs the baseline code (SSE2 on x86-64). The results are the same bits either
+// way; tests and benchmarks ask for kBaseline to compare the two.
+enum class GemmKernels { kBest, kBaseline };
+
 void linear(std::span<const float> x, std::int64_t rows, const DenseWeight& w, std::span<float> out,
-            ThreadPool* pool = nullptr);
+            ThreadPool* pool = nullptr, GemmKernels kernels = GemmKernels::kBest);
 void linear_bf16(std::span<const float> x, std::int64_t rows, const DenseWeight& w, std::span<float> out,
-                 ThreadPool* pool = nullptr);
+                 ThreadPool* pool = nullptr, GemmKernels kernels = GemmKernels::kBest);
 void linear_f32(std::span<const float> x, std::int64_t rows, const DenseWeight& w, std::span<float> out,
-                ThreadPool* pool = nullptr);
+                ThreadPool* pool = nullptr, GemmKernels kernels = GemmKernels::kBest);
 // x [rows, groups * w.in], w [groups * o, w.in] (w.out divisible by groups), out [rows, w.out].
 void linear_grouped_bf16(std::span<const float> x, std::int64_t rows, const DenseWeight& w, std::int64_t groups,
-                         std::span<float> out, ThreadPool* pool = nullptr);
+                         std::span<float> out, ThreadPool* pool = nullptr, GemmKernels kernels = GemmKernels::kBest);
 
 // In place: one activation row rounded to bf16, then FP8-simulated in blocks of 128 (last block
 // shorter when the size is not a multiple of 128). What linear() feeds an fp8/fp4 GEMM.
@@ -54,10 +59,5 @@ void fp8_simulate_activation(std::span<float> row);
 // The fixed-order dot product described above: blocks of `block` values summed sequentially in
 // fp32, block sums added in order.
 float blocked_dot(const float* a, const float* b, std::int64_t n, std::int64_t block);
-
-// Tests and benchmarks: true makes later linear calls use the baseline kernels (SSE2 on x86-64)
-// even on an AVX2 CPU; results are identical either way. (An atomic flag: calls already running
-// on other threads may use either.)
-void linear_force_baseline_kernels(bool force);
 
 }  // namespace dsv4

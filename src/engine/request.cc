@@ -18,7 +18,6 @@ std::string_view finish_reason_name(FinishReason reason) {
 
 void Request::append(const SampledToken& token, std::int64_t eos_token_id, std::int64_t max_model_len) {
   tokens.push_back(token.token);
-  if (params.logprobs) logprobs.push_back(token);
   const Clock::time_point now = Clock::now();
   if (!times.first_token) times.first_token = now;
   times.last_token = now;

@@ -31,10 +31,11 @@ enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
 
 std::string_view finish_reason_name(FinishReason reason);  // "stop", "length", "abort", "error", "" (none)
 
-// Times of a request's milestones (steady clock); unset until they happen.
+// Times of a request's milestones (steady clock); unset until they happen. The server turns
+// them into its latency histograms (server/metrics.h).
 struct RequestTimes {
   Clock::time_point arrival;
-  std::optional<Clock::time_point> first_scheduled;
+  std::optional<Clock::time_point> first_scheduled;  // first admission (not a resume after preemption)
   std::optional<Clock::time_point> first_token;
   std::optional<Clock::time_point> last_token;
   std::optional<Clock::time_point> finished;
@@ -54,8 +55,6 @@ struct Request {
 
   std::int64_t num_computed = 0;     // leading tokens whose cache entries are written
   std::optional<std::int64_t> num_cached_tokens;  // prompt tokens served by the prefix cache at first admission
-  std::int64_t num_preemptions = 0;
-  std::vector<SampledToken> logprobs;  // one per output token when params.logprobs is set
   RequestTimes times;
 
   std::int64_t num_tokens() const { return static_cast<std::int64_t>(tokens.size()); }

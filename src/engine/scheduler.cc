@@ -40,7 +40,6 @@ void Scheduler::admit(Request* request, std::int64_t cached) {
   if (!request->num_cached_tokens) {  // first admission (not a resume after preemption)
     request->num_cached_tokens = cached;
     request->times.first_scheduled = Clock::now();
-    ++stats_.admitted;
     stats_.prefix_query_tokens += request->num_prompt_tokens;
     stats_.prefix_hit_tokens += cached;
   }
@@ -50,7 +49,6 @@ void Scheduler::preempt(Request* request) {
   kv_.preempt(request->id);
   request->num_computed = 0;
   request->status = RequestStatus::kWaiting;
-  ++request->num_preemptions;
   ++stats_.preemptions;
   running_.erase(std::find(running_.begin(), running_.end(), request));
   waiting_.push_front(request);

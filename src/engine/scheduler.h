@@ -39,7 +39,6 @@ struct SchedulerConfig {
 };
 
 struct SchedulerStats {
-  std::int64_t admitted = 0;           // first admissions
   std::int64_t prefix_query_tokens = 0;  // prompt tokens looked up at first admission
   std::int64_t prefix_hit_tokens = 0;    // ... of which the prefix cache served
   std::int64_t preemptions = 0;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 
 namespace dsv4::server {
 namespace {
@@ -84,10 +85,21 @@ ServerMetrics::ServerMetrics(std::string model_name)
     : labels_(fmt::format("model_name=\"{}\"", escape_label_value(model_name))),
       ttft_(ttft_buckets()),
       itl_(itl_buckets()),
-      e2e_(e2e_buckets()) {}
+      e2e_(e2e_buckets()),
+      queue_(e2e_buckets()),
+      prefill_(e2e_buckets()),
+      decode_(e2e_buckets()),
+      inference_(e2e_buckets()) {}
 
-void ServerMetrics::observe_request(FinishReason reason, double e2e_seconds) {
-  e2e_.observe(e2e_seconds);
+void ServerMetrics::observe_request(FinishReason reason, const RequestTimes& t, Clock::time_point end) {
+  const auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  e2e_.observe(seconds(t.arrival, end));
+  if (t.first_scheduled) {
+    queue_.observe(seconds(t.arrival, *t.first_scheduled));
+    if (t.first_token) prefill_.observe(seconds(*t.first_scheduled, *t.first_token));
+    if (t.last_token) inference_.observe(seconds(*t.first_scheduled, *t.last_token));
+  }
+  if (t.first_token && t.last_token) decode_.observe(seconds(*t.first_token, *t.last_token));
   std::lock_guard lock(mu_);
   switch (reason) {
     case FinishReason::kStop: ++finished_stop_; break;
@@ -131,6 +143,19 @@ std::string ServerMetrics::render(const EngineStats& s) const {
   itl_.render(out, "vllm:time_per_output_token_seconds", l);
   header(out, "vllm:e2e_request_latency_seconds", "histogram", "Histogram of end to end request latency in seconds.");
   e2e_.render(out, "vllm:e2e_request_latency_seconds", l);
+  const struct {
+    const char* name;
+    const char* help;
+    const Histogram& histogram;
+  } phases[] = {
+      {"vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", queue_},
+      {"vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", prefill_},
+      {"vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", decode_},
+      {"vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", inference_}};
+  for (const auto& phase : phases) {
+    header(out, phase.name, "histogram", phase.help);
+    phase.histogram.render(out, phase.name, l);
+  }
   return out;
 }
 

@@ -9,10 +9,15 @@
 //   vllm:request_failure_total                                     counter (finished with an error)
 //   vllm:time_to_first_token_seconds, vllm:inter_token_latency_seconds (and the older
 //   vllm:time_per_output_token_seconds), vllm:e2e_request_latency_seconds   histograms
+//   vllm:request_queue_time_seconds      arrival -> first scheduled             histograms, per
+//   vllm:request_prefill_time_seconds    first scheduled -> first token         finished request
+//   vllm:request_decode_time_seconds     first token -> last token              (a phase the
+//   vllm:request_inference_time_seconds  first scheduled -> last token          request never
+//                                                                               reached is left out)
 // Every sample carries model_name="<served model>".
 //
 // Engine-wide values come from an EngineStats snapshot; latencies are observed by the server
-// as outputs arrive. Thread-safe.
+// as outputs arrive (RequestOutput::times). Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -46,7 +51,8 @@ class ServerMetrics {
 
   void observe_time_to_first_token(double seconds) { ttft_.observe(seconds); }
   void observe_inter_token_latency(double seconds) { itl_.observe(seconds); }
-  void observe_request(FinishReason reason, double e2e_seconds);
+  // A finished request: its finish reason, e2e latency (arrival -> `end`) and phase times.
+  void observe_request(FinishReason reason, const RequestTimes& times, Clock::time_point end);
 
   std::string render(const EngineStats& stats) const;
 
@@ -55,6 +61,7 @@ class ServerMetrics {
   Histogram ttft_;
   Histogram itl_;
   Histogram e2e_;
+  Histogram queue_, prefill_, decode_, inference_;
   mutable std::mutex mu_;
   std::int64_t finished_stop_ = 0, finished_length_ = 0, finished_abort_ = 0, finished_error_ = 0;
 };

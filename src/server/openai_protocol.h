@@ -4,10 +4,12 @@
 //
 // Validation is strict about what it accepts: every field it knows is type- and range-checked
 // and a failure names the field ("param") the way OpenAI's API does; fields that would change
-// the output but that the engine cannot honour (n > 1, penalties, logit_bias, tools, echo, ...)
-// are refused with code "unsupported_parameter" rather than silently ignored; unknown fields
-// are ignored (as vLLM does). Chat messages and tools follow text/chat_encoding.h; V4's
-// thinking mode is chat_template_kwargs {"thinking": true} (as in vLLM).
+// the output but that the engine cannot honour (n or best_of > 1, penalties, min_tokens,
+// logit_bias, echo, suffix, a response_format other than text, tools of a type other than
+// function, a tool_choice other than auto / none) are refused with code "unsupported_parameter"
+// rather than silently ignored; unknown fields are ignored (as vLLM does). Chat messages and
+// function tools follow text/chat_encoding.h; V4's thinking mode is chat_template_kwargs
+// {"thinking": true} (as in vLLM).
 #pragma once
 
 #include <cstdint>

@@ -9,7 +9,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <csignal>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -22,6 +21,7 @@
 #include "server/connection_probe.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
+#include "server/sigpipe.h"
 #include "text/chat_encoding.h"
 #include "text/chat_stream.h"
 #include "text/text_stream.h"
@@ -41,11 +41,15 @@ struct RequestChannel {
   std::optional<Clock::time_point> last_token;  // loop thread only: for inter-token latency
 };
 
-// httplib keeps its listening socket protected; a wider backlog than its compiled-in 5 keeps
-// bursts of connections from waiting for SYN retransmits. listen() on a listening socket
-// just updates the backlog.
-class HttpServer : public httplib::Server {
+// httplib::Server with two fixes. Its constructor sets SIGPIPE to ignored for the whole process:
+// the saved disposition (a base constructed before httplib's) is put back (sigpipe.h). And it
+// keeps its listening socket protected; a wider backlog than its compiled-in 5 keeps bursts of
+// connections from waiting for SYN retransmits. listen() on a listening socket just updates the
+// backlog.
+class HttpServer : private SavedSigpipeDisposition, public httplib::Server {
  public:
+  HttpServer() { restore(); }
+
   void widen_backlog(int backlog) {
     const auto sock = svr_sock_.load();
     if (sock != INVALID_SOCKET) ::listen(sock, backlog);
@@ -163,8 +167,7 @@ struct Server::Impl {
         channel->last_token = o.times.last_token;
       }
       if (o.finished) {
-        const Clock::time_point end = o.times.finished.value_or(Clock::now());
-        metrics.observe_request(o.finish_reason, seconds_between(o.times.arrival, end));
+        metrics.observe_request(o.finish_reason, o.times, o.times.finished.value_or(Clock::now()));
         channels.erase(it);
       }
       {
@@ -539,9 +542,12 @@ void Server::stop() { impl_->request_stop(); }
 
 void Server::run(const std::function<void(int port)>& on_bound) {
   Impl& s = *impl_;
-  std::signal(SIGPIPE, SIG_IGN);  // a client that hangs up must not kill the server
   const int threads = s.options.http_threads > 0 ? s.options.http_threads : 64;
-  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); };
+  // The handler threads write to the clients' sockets: a client that hangs up must not end the
+  // process, and the process's SIGPIPE disposition is not ours to change (sigpipe.h).
+  s.http.new_task_queue = [threads] {
+    return with_sigpipe_blocked([threads] { return new httplib::ThreadPool(static_cast<std::size_t>(threads)); });
+  };
   s.http.set_payload_max_length(s.options.max_body_bytes);
   s.http.set_keep_alive_max_count(100000);
   s.http.set_keep_alive_timeout(5);

@@ -5,11 +5,13 @@
 //   GET  /health                                 503 while the model loads, 200 when ready
 //   GET  /metrics                                Prometheus text (metrics.h)
 //
-// Threads: cpp-httplib's pool runs the handlers; one loop thread steps the engine
-// (engine.h) and hands each RequestOutput to the handler waiting for that request through a
-// small per-request queue. A handler whose client goes away (connection_probe.h, or a failed
-// write) aborts its request, which frees its KV cache at the next step. The port is bound
-// first; the model loads on a background thread, so /health answers 503 meanwhile.
+// Threads: cpp-httplib's pool runs the handlers, with SIGPIPE blocked on those threads only (a
+// client that hangs up costs a failed write, not the process; the process's SIGPIPE setting is
+// left alone: sigpipe.h). One loop thread steps the engine (engine.h) and hands each
+// RequestOutput to the handler waiting for that request through a small per-request queue. A
+// handler whose client goes away (connection_probe.h, or a failed write) aborts its request,
+// which frees its KV cache at the next step. The port is bound first; the model loads on a
+// background thread, so /health answers 503 meanwhile.
 #pragma once
 
 #include <cstddef>
@@ -30,7 +32,7 @@ struct ServerOptions {
   std::vector<std::string> served_model_names;  // the first is reported; empty: "dsv4"
   std::string api_key;                      // empty: no authentication
   std::size_t max_body_bytes = 4u << 20;    // larger request bodies get 413
-  int http_threads = 0;                     // 0: 2 * max_num_seqs + 16, at least 64
+  int http_threads = 0;                     // HTTP handler threads; 0: 64
   std::int64_t max_logprobs = 20;
   bool log_requests = false;
 };

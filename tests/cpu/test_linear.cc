@@ -234,16 +234,16 @@ std::vector<float> scalar_reference(Op op, const std::vector<float>& x, std::int
 }
 
 void run_op(Op op, const std::vector<float>& x, std::int64_t rows, const DenseWeight& w, std::int64_t groups,
-            std::vector<float>& out, ThreadPool* pool) {
+            std::vector<float>& out, ThreadPool* pool, GemmKernels kernels) {
   switch (op) {
     case Op::kLinear:
-      return linear(x, rows, w, out, pool);
+      return linear(x, rows, w, out, pool, kernels);
     case Op::kBf16:
-      return linear_bf16(x, rows, w, out, pool);
+      return linear_bf16(x, rows, w, out, pool, kernels);
     case Op::kF32:
-      return linear_f32(x, rows, w, out, pool);
+      return linear_f32(x, rows, w, out, pool, kernels);
     case Op::kGrouped:
-      return linear_grouped_bf16(x, rows, w, groups, out, pool);
+      return linear_grouped_bf16(x, rows, w, groups, out, pool, kernels);
   }
 }
 
@@ -268,11 +268,8 @@ std::int64_t first_bit_difference(const std::vector<float>& a, const std::vector
   return -1;
 }
 
-class LinearKernels : public ::testing::TestWithParam<bool> {  // param: force the baseline kernels
+class LinearKernels : public ::testing::TestWithParam<GemmKernels> {  // param: the kernels every call asks for
  protected:
-  void SetUp() override { linear_force_baseline_kernels(GetParam()); }
-  void TearDown() override { linear_force_baseline_kernels(false); }
-
   // Every row count in 1..9 and 33, with and without a pool, against the scalar reference.
   void check(Op op, const DenseWeight& w, std::int64_t groups, std::mt19937& rng, ThreadPool& pool) {
     const std::int64_t x_in = op == Op::kGrouped ? groups * w.in : w.in;
@@ -281,7 +278,7 @@ class LinearKernels : public ::testing::TestWithParam<bool> {  // param: force t
       const std::vector<float> want = scalar_reference(op, x, rows, w, groups);
       for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
         std::vector<float> got(want.size(), -1.0f);
-        run_op(op, x, rows, w, groups, got, p);
+        run_op(op, x, rows, w, groups, got, p, GetParam());
         const std::int64_t bad = first_bit_difference(got, want);
         ASSERT_EQ(bad, -1) << "op " << static_cast<int>(op) << " weight " << w.name << " [" << w.out << ", " << w.in
                            << "] groups " << groups << " rows " << rows << " pool " << (p != nullptr) << ": "
@@ -347,8 +344,10 @@ TEST_P(LinearKernels, WithoutPackedCopyAndAfterRounding) {
   check(Op::kF32, w, 1, rng, pool);
 }
 
-INSTANTIATE_TEST_SUITE_P(Dispatch, LinearKernels, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& param) { return param.param ? "Baseline" : "Best"; });
+INSTANTIATE_TEST_SUITE_P(Dispatch, LinearKernels, ::testing::Values(GemmKernels::kBest, GemmKernels::kBaseline),
+                         [](const ::testing::TestParamInfo<GemmKernels>& param) {
+                           return param.param == GemmKernels::kBaseline ? "Baseline" : "Best";
+                         });
 
 TEST(DenseWeightPacking, Layout) {
   // packed[(t * in + i) * 16 + j] = w[(t * 16 + j) * in + i], zero padding past the last output.

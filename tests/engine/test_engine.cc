@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <map>
 #include <thread>
 
 #include "engine_fixture.h"
@@ -421,6 +422,37 @@ TEST(Engine, StatsCountRequestsTokensAndCache) {
   EXPECT_EQ(s.generation_tokens, 40);
   EXPECT_EQ(s.computed_tokens, 400 + 4 * 9);
   EXPECT_EQ(s.kv_usage, 0.0);  // what remains is idle prefix-cache entries
+}
+
+// Every output carries the request's milestones, in order: arrival <= first scheduled <= first
+// token <= last token <= finished. A request that waits behind a full batch is scheduled later
+// than it arrived; the server's queue and prefill histograms read these.
+TEST(Engine, OutputsCarryMilestones) {
+  RecordingExecutor ex;
+  Engine engine(ex, engine_config(128, 1, big_cache(ex)));  // one row: the second request waits
+  ex.checked_pool = &engine.kv_cache().blocks();
+  const RequestId first = engine.add_request(random_tokens(1, 50), greedy(4));
+  const RequestId second = engine.add_request(random_tokens(2, 50), greedy(4));
+  std::map<RequestId, RequestTimes> last;
+  while (engine.has_unfinished()) {
+    for (const RequestOutput& o : engine.step()) {
+      ASSERT_TRUE(o.times.first_scheduled) << o.id;
+      EXPECT_LE(o.times.arrival, *o.times.first_scheduled);
+      if (!o.new_tokens.empty()) {
+        ASSERT_TRUE(o.times.first_token && o.times.last_token);
+        EXPECT_LE(*o.times.first_scheduled, *o.times.first_token);
+        EXPECT_LE(*o.times.first_token, *o.times.last_token);
+      }
+      last[o.id] = o.times;
+    }
+  }
+  ASSERT_EQ(last.size(), 2u);
+  for (const auto& [id, t] : last) {
+    ASSERT_TRUE(t.finished) << id;
+    EXPECT_LE(*t.last_token, *t.finished);
+  }
+  // The second request was admitted only after the first finished.
+  EXPECT_GE(*last[second].first_scheduled, *last[first].finished);
 }
 
 }  // namespace

@@ -41,9 +41,11 @@ TEST(Metrics, RendersVllmNames) {
   s.generation_tokens = 7;
   m.observe_time_to_first_token(0.03);
   m.observe_inter_token_latency(0.02);
-  m.observe_request(FinishReason::kStop, 0.4);
-  m.observe_request(FinishReason::kLength, 0.4);
-  m.observe_request(FinishReason::kError, 0.4);
+  RequestTimes times;  // arrived, never scheduled: only the e2e latency
+  const Clock::time_point finished = times.arrival + std::chrono::milliseconds(400);
+  m.observe_request(FinishReason::kStop, times, finished);
+  m.observe_request(FinishReason::kLength, times, finished);
+  m.observe_request(FinishReason::kError, times, finished);
   const std::string text = m.render(s);
   const std::string l = "{model_name=\"tiny\"}";
   EXPECT_TRUE(has_line(text, "vllm:num_requests_running" + l + " 2")) << text;
@@ -63,6 +65,7 @@ TEST(Metrics, RendersVllmNames) {
   EXPECT_TRUE(has_line(text, "vllm:inter_token_latency_seconds_count" + l + " 1"));
   EXPECT_TRUE(has_line(text, "vllm:time_per_output_token_seconds_count" + l + " 1"));
   EXPECT_TRUE(has_line(text, "vllm:e2e_request_latency_seconds_count" + l + " 3"));
+  EXPECT_TRUE(has_line(text, "vllm:request_queue_time_seconds_count" + l + " 0"));
   // Every sample line is "name{labels} value" with a parsable number.
   std::size_t pos = 0;
   while (pos < text.size()) {
@@ -78,6 +81,34 @@ TEST(Metrics, RendersVllmNames) {
     (void)std::stod(line.substr(space + 1), &used);
     EXPECT_EQ(used, line.size() - space - 1) << line;
   }
+}
+
+// The phase histograms come from the request's milestones: queue = arrival -> first scheduled,
+// prefill = first scheduled -> first token, decode = first -> last token, inference = first
+// scheduled -> last token; a phase the request never reached is not observed.
+TEST(Metrics, RequestPhasesFromTimes) {
+  ServerMetrics m("tiny");
+  using std::chrono::milliseconds;
+  RequestTimes t;
+  t.first_scheduled = t.arrival + milliseconds(250);
+  t.first_token = t.arrival + milliseconds(1250);
+  t.last_token = t.arrival + milliseconds(3250);
+  t.finished = t.last_token;
+  m.observe_request(FinishReason::kStop, t, *t.finished);
+  RequestTimes queued;  // aborted while waiting
+  m.observe_request(FinishReason::kAbort, queued, queued.arrival + milliseconds(500));
+  const std::string text = m.render(EngineStats{});
+  const std::string l = "{model_name=\"tiny\"}";
+  EXPECT_TRUE(has_line(text, "vllm:e2e_request_latency_seconds_count" + l + " 2")) << text;
+  EXPECT_TRUE(has_line(text, "vllm:e2e_request_latency_seconds_sum" + l + " 3.75")) << text;
+  EXPECT_TRUE(has_line(text, "# TYPE vllm:request_queue_time_seconds histogram")) << text;
+  EXPECT_TRUE(has_line(text, "vllm:request_queue_time_seconds_count" + l + " 1")) << text;
+  EXPECT_TRUE(has_line(text, "vllm:request_queue_time_seconds_sum" + l + " 0.25")) << text;
+  EXPECT_TRUE(has_line(text, "vllm:request_queue_time_seconds_bucket{model_name=\"tiny\",le=\"0.3\"} 1")) << text;
+  EXPECT_TRUE(has_line(text, "vllm:request_prefill_time_seconds_sum" + l + " 1")) << text;
+  EXPECT_TRUE(has_line(text, "vllm:request_decode_time_seconds_sum" + l + " 2")) << text;
+  EXPECT_TRUE(has_line(text, "vllm:request_inference_time_seconds_sum" + l + " 3")) << text;
+  EXPECT_TRUE(has_line(text, "vllm:request_inference_time_seconds_count" + l + " 1")) << text;
 }
 
 TEST(Metrics, LabelValuesAreEscaped) {

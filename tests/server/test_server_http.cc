@@ -453,6 +453,8 @@ TEST_F(ServerHttp, BoundedLoad) {
   EXPECT_EQ(metric_value(m, "vllm:num_requests_waiting"), 0.0) << m;
   EXPECT_GE(metric_value(m, "vllm:time_to_first_token_seconds_count").value_or(0), kThreads * kPerThread);
   EXPECT_GE(metric_value(m, "vllm:inter_token_latency_seconds_count").value_or(0), kThreads * kPerThread);
+  EXPECT_GE(metric_value(m, "vllm:request_queue_time_seconds_count").value_or(0), kThreads * kPerThread) << m;
+  EXPECT_GE(metric_value(m, "vllm:request_prefill_time_seconds_count").value_or(0), kThreads * kPerThread) << m;
   EXPECT_GT(metric_value(m, "vllm:prompt_tokens_total").value_or(0), 0);
   EXPECT_GT(metric_value(m, "vllm:generation_tokens_total").value_or(0), 2 * kThreads * kPerThread - 1);
 }

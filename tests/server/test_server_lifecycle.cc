@@ -1,14 +1,21 @@
 // The server in-process: /health is 503 (with an OpenAI error object) until the model has
-// loaded, and a failed load ends run() with the loader's error.
+// loaded, a failed load ends run() with the loader's error, and SIGPIPE is handled on the
+// server's own threads without changing the process's disposition.
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "common/error.h"
 #include "server/server.h"
+#include "server/sigpipe.h"
 
 namespace dsv4::server {
 namespace {
@@ -92,6 +99,81 @@ TEST(ServerLifecycle, PortInUseIsAnError) {
     EXPECT_NE(std::string(e.what()).find("cannot bind"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(loaded);
+}
+
+bool sigpipe_blocked_here() {
+  sigset_t mask;
+  pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+  return sigismember(&mask, SIGPIPE) == 1;
+}
+
+void (*sigpipe_handler())(int) {
+  struct sigaction action {};
+  sigaction(SIGPIPE, nullptr, &action);
+  return action.sa_handler;
+}
+
+// SIGPIPE's default disposition (the process ends) for a test's duration, whatever an earlier
+// test in this program left (a bare httplib::Server sets it to ignored).
+class DefaultSigpipe {
+ public:
+  DefaultSigpipe() {
+    struct sigaction action {};
+    action.sa_handler = SIG_DFL;
+    sigaction(SIGPIPE, &action, &saved_);
+  }
+  ~DefaultSigpipe() { sigaction(SIGPIPE, &saved_, nullptr); }
+
+ private:
+  struct sigaction saved_ {};
+};
+
+// A write to a closed peer on a thread started under with_sigpipe_blocked fails with EPIPE; with
+// SIGPIPE's default disposition an unblocked thread would end the test program instead. The
+// caller's own mask is restored.
+TEST(ServerSignals, ThreadsStartedWithSigpipeBlockedSurviveAClosedPeer) {
+  DefaultSigpipe default_sigpipe;
+  ASSERT_FALSE(sigpipe_blocked_here());
+  int fds[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  ASSERT_EQ(close(fds[1]), 0);
+  int write_errno = 0;
+  bool blocked_there = false;
+  std::thread writer = with_sigpipe_blocked([&] {
+    return std::thread([&] {
+      blocked_there = sigpipe_blocked_here();
+      write_errno = write(fds[0], "x", 1) < 0 ? errno : 0;
+    });
+  });
+  EXPECT_FALSE(sigpipe_blocked_here());
+  writer.join();
+  close(fds[0]);
+  EXPECT_TRUE(blocked_there);
+  EXPECT_EQ(write_errno, EPIPE);
+}
+
+// Serving does not change what SIGPIPE does to the rest of the process (cpp-httplib's server
+// sets it to ignored when constructed; the server puts it back).
+TEST(ServerSignals, RunLeavesTheSigpipeDispositionAlone) {
+  DefaultSigpipe default_sigpipe;
+  ServerOptions options;
+  options.port = 0;
+  Server server(options, []() -> LoadedModel { fail("no model"); });
+  EXPECT_EQ(sigpipe_handler(), SIG_DFL) << "after constructing the server";
+  std::promise<int> port;
+  std::thread runner([&] {
+    try {
+      server.run([&](int p) { port.set_value(p); });
+    } catch (const Error&) {
+    }
+  });
+  auto port_future = port.get_future();
+  ASSERT_EQ(port_future.wait_for(10s), std::future_status::ready);
+  httplib::Client c("127.0.0.1", port_future.get());
+  c.Get("/health");  // served on a handler thread
+  runner.join();
+  EXPECT_EQ(sigpipe_handler(), SIG_DFL);
+  EXPECT_FALSE(sigpipe_blocked_here());
 }
 
 }  // namespace
