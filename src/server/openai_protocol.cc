@@ -113,16 +113,20 @@ void parse_prompt(const JsonObject& body, ApiRequest& r, const ProtocolLimits& l
   }
 }
 
+// A message's content: a string, or text parts joined with "\n" (as vLLM joins them).
 std::string message_content(const JsonField& content) {
   if (content.json().is_string()) return content.json().get<std::string>();
   if (!content.json().is_array()) content.wrong_type("a string or an array of content parts");
   std::string text;
+  bool first = true;
   for (const JsonField& item : content.array()) {
     const JsonObject part = item.object();
     const std::string type = part.string("type");
     if (type != "text") {
       unsupported(part.path("type"), fmt::format("content parts of type '{}' are not supported; only 'text' is.", type));
     }
+    if (!first) text += '\n';
+    first = false;
     text += part.string("text");
   }
   return text;

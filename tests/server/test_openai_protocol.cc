@@ -172,7 +172,7 @@ TEST(OpenAiProtocol, ChatMessages) {
       {"role": "user", "content": "again"}],
       "max_tokens": 5, "max_completion_tokens": 7, "logprobs": true, "top_logprobs": 2})");
   ASSERT_EQ(r.messages.size(), 4u);
-  EXPECT_EQ(r.messages[1].content, "hi there");
+  EXPECT_EQ(r.messages[1].content, "hi \nthere");  // text parts joined with "\n", as vLLM does
   EXPECT_EQ(r.messages[2].role, "assistant");
   EXPECT_EQ(r.messages[2].reasoning_content, "hmm");
   EXPECT_EQ(*r.sampling.max_tokens, 7);  // max_completion_tokens wins
