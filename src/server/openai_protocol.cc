@@ -155,7 +155,11 @@ void parse_messages(const JsonObject& body, ApiRequest& r, const ProtocolLimits&
     } else if (message.role != "assistant") {
       (void)m.get("content");  // missing: only the assistant may leave it out
     }
-    message.reasoning_content = m.optional_string("reasoning_content").value_or("");
+    // vLLM's "reasoning", or the older "reasoning_content"; "reasoning" wins when both are given
+    // (vLLM reads only "reasoning"). Both are type-checked.
+    const std::optional<std::string> reasoning = m.optional_string("reasoning");
+    const std::optional<std::string> reasoning_content = m.optional_string("reasoning_content");
+    message.reasoning_content = reasoning.value_or(reasoning_content.value_or(""));
     if (const auto calls = m.optional_array("tool_calls")) {
       for (const JsonField& call_field : *calls) {
         const JsonObject call = call_field.object();

@@ -186,6 +186,24 @@ TEST(OpenAiProtocol, ChatMessages) {
   EXPECT_TRUE(r.add_generation_prompt);
 }
 
+TEST(OpenAiProtocol, ChatAssistantReasoningFields) {
+  // vLLM's newer "reasoning" and the older "reasoning_content" both carry an assistant turn's
+  // thinking; when both are given, "reasoning" is used (vLLM reads only "reasoning").
+  const ApiRequest r = chat(R"({"messages": [{"role": "user", "content": "a"},
+      {"role": "assistant", "content": "b", "reasoning": "new"},
+      {"role": "assistant", "content": "c", "reasoning_content": "old"},
+      {"role": "assistant", "content": "d", "reasoning": "new", "reasoning_content": "old"},
+      {"role": "assistant", "content": "e", "reasoning": null, "reasoning_content": "old"}]})");
+  ASSERT_EQ(r.messages.size(), 5u);
+  EXPECT_EQ(r.messages[1].reasoning_content, "new");
+  EXPECT_EQ(r.messages[2].reasoning_content, "old");
+  EXPECT_EQ(r.messages[3].reasoning_content, "new");
+  EXPECT_EQ(r.messages[4].reasoning_content, "old");
+  const ApiError e = error_of(R"({"messages": [{"role": "assistant", "content": "b", "reasoning": 3}]})", Endpoint::kChat);
+  EXPECT_EQ(e.param, "messages[0].reasoning");
+  EXPECT_EQ(e.code, "invalid_type");
+}
+
 TEST(OpenAiProtocol, ChatToolsAndThinking) {
   const ApiRequest r = chat(R"({"messages": [
       {"role": "user", "content": "weather?"},
