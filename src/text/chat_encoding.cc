@@ -9,7 +9,8 @@
 //   parse_message_from_completion_text: reasoning up to "</think>", content up to EOS or the
 //     tool-call block, DSML invoke/parameter markup to {"name", "arguments"}.
 // Differences, all on inputs the reference rejects or crashes on:
-//   - parse_completion never throws: malformed tool markup is left in content, a missing
+//   - parse_completion never throws: malformed tool markup is left in content (flagged), a
+//     tool-call block before "</think>" is left in the reasoning (flagged), a missing
 //     "</think>" in thinking mode makes everything reasoning, text after EOS is ignored,
 //     whitespace between DSML tags is accepted, a parameter without string="..." is JSON if
 //     it parses, and a string="false" value that is not JSON becomes a JSON string;
@@ -412,15 +413,15 @@ ParsedCompletion parse_completion(std::string_view text, bool thinking) {
   if (thinking) {
     if (rest.starts_with(kThinkStart)) rest.remove_prefix(kThinkStart.size());
     const auto end = rest.find(kThinkEnd);
-    if (end == std::string_view::npos) {
-      out.reasoning_content = std::string(rest);
-      return out;
-    }
     out.reasoning_content = std::string(rest.substr(0, end));
+    // A tool-call block belongs after "</think>"; one inside the reasoning is malformed (the
+    // reference rejects it as a missing "</think>"): it stays reasoning, flagged.
+    out.tool_markup_error = out.reasoning_content.find(kToolCallsStart) != std::string::npos;
+    if (end == std::string_view::npos) return out;
     rest.remove_prefix(end + kThinkEnd.size());
   }
   const auto start = rest.find(kToolCallsStart);
-  if (start == std::string_view::npos) {
+  if (start == std::string_view::npos || out.tool_markup_error) {
     out.content = std::string(rest);
     return out;
   }

@@ -77,14 +77,17 @@ struct ParsedCompletion {
   std::string reasoning_content;
   std::string content;
   std::vector<ToolCall> tool_calls;  // ids left empty: the server assigns them
-  bool tool_markup_error = false;    // tool-call markup was found but malformed (kept in content)
+  // Tool-call markup was found but malformed (kept in content), or a tool-call block came
+  // before "</think>" (kept in reasoning; no calls are parsed from the reply then).
+  bool tool_markup_error = false;
 };
 
 // Splits a completion (the text generated after the prompt, decoded with special tokens kept;
 // an end-of-sentence and anything after it are ignored) into reasoning, content and tool
 // calls, with arguments as JSON object text. Never throws on model output: malformed tool
 // markup stays in `content`; in thinking mode a completion without "</think>" is all
-// reasoning (it was cut off while thinking).
+// reasoning (it was cut off while thinking), and a tool-call block inside the reasoning is
+// flagged (tool_markup_error) where the reference raises.
 ParsedCompletion parse_completion(std::string_view text, bool thinking);
 
 // Python's json.dumps(value, ensure_ascii=False): ", " and ": " separators, keys in the

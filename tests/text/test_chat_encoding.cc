@@ -233,6 +233,25 @@ TEST(ChatParse, ThinkingSplit) {
   EXPECT_EQ(cut.content, "");
 }
 
+TEST(ChatParse, ToolCallBeforeThinkEndIsFlagged) {
+  // The reference refuses a tool-call block inside the reasoning ("missing </think>"): the text
+  // stays where it was and the markup is flagged.
+  const std::string block = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
+  const auto p = parse_completion("Let me call." + block + "</think>Done." + EOS, true);
+  EXPECT_TRUE(p.tool_markup_error);
+  EXPECT_TRUE(p.tool_calls.empty());
+  EXPECT_EQ(p.reasoning_content, "Let me call." + block);
+  EXPECT_EQ(p.content, "Done.");
+  // Cut off after the block, before "</think>".
+  const auto cut = parse_completion("Let me call." + block, true);
+  EXPECT_TRUE(cut.tool_markup_error);
+  EXPECT_TRUE(cut.tool_calls.empty());
+  EXPECT_EQ(cut.reasoning_content, "Let me call." + block);
+  // A well-placed call after "</think>" is not flagged; neither is the text in chat mode.
+  EXPECT_FALSE(parse_completion("ok</think>" + block + EOS, true).tool_markup_error);
+  EXPECT_EQ(parse_completion("ok</think>" + block + EOS, true).tool_calls.size(), 1u);
+}
+
 TEST(ChatParse, ToolCallsToOpenAiArguments) {
   const std::string text =
       "The user wants weather.</think>Let me check.\n\n<｜DSML｜tool_calls>\n"
