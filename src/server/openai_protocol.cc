@@ -339,8 +339,9 @@ ApiRequest parse_api_request(std::string_view body, Endpoint endpoint, const Pro
   }
   ApiRequest request = parse_api_json(json, endpoint, limits);
   if (!request.tools.is_null()) {
-    // Tool schemas are rendered in the client's key order: take them from an order-keeping parse.
-    const OrderedJson ordered = parse_ordered_json(body, kBody);  // parsed once already: no throw
+    // Tool schemas are rendered as json.dumps writes them, in the client's key order and with
+    // integers beyond 64 bits exact: take them from a parse that keeps both.
+    const OrderedJson ordered = parse_python_json(body, kBody);  // parsed once already: no throw
     if (ordered.is_object() && ordered.contains("tools")) request.tools = ordered["tools"];
   }
   return request;

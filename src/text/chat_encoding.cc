@@ -21,9 +21,16 @@
 #include "text/chat_encoding.h"
 
 #include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
 #include <map>
 #include <optional>
+#include <system_error>
 
 #include "common/error.h"
 #include "common/json_io.h"
@@ -77,11 +84,11 @@ constexpr std::string_view kInvokeClose = "</｜DSML｜invoke>";
 constexpr std::string_view kParameterOpen = "<｜DSML｜parameter";
 constexpr std::string_view kParameterClose = "</｜DSML｜parameter>";
 
-// JSON from a client or a model, parsed as everywhere (json_io.h: depth limit, no repeated
-// keys), in its key order; nullopt if it is not such JSON.
+// JSON from a client or a model, read as Python reads it (parse_python_json), in its key
+// order; nullopt if it is not such JSON.
 std::optional<OrderedJson> parse_ordered(std::string_view text) {
   try {
-    return parse_ordered_json(text, "tool-call arguments");
+    return parse_python_json(text, "tool-call arguments");
   } catch (const Error&) {
     return std::nullopt;
   }
@@ -439,6 +446,190 @@ ParsedCompletion parse_completion(std::string_view text, bool thinking) {
   return out;
 }
 
+namespace {
+
+// Python's int() refuses decimal strings of more than this many digits
+// (sys.int_info.default_max_str_digits), and so does json.loads.
+constexpr std::size_t kPythonMaxIntDigits = 4300;
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+// The length of the JSON number token at the start of `s` (-?(0|[1-9]d*)(.d+)?([eE][+-]?d+)?),
+// or 0 if it does not start with one.
+std::size_t number_token_length(std::string_view s) {
+  std::size_t i = 0;
+  auto digits = [&] {
+    const std::size_t from = i;
+    while (i < s.size() && is_digit(s[i])) ++i;
+    return i > from;
+  };
+  if (i < s.size() && s[i] == '-') ++i;
+  if (i < s.size() && s[i] == '0') {
+    ++i;
+  } else if (!digits()) {
+    return 0;
+  }
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    if (!digits()) return 0;
+  }
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    if (!digits()) return 0;
+  }
+  return i;
+}
+
+bool is_integer_token(std::string_view token) { return token.find_first_of(".eE") == std::string_view::npos; }
+
+// Whether nlohmann would read `token` exactly: an integer in int64 / uint64 range.
+bool fits_64_bits(std::string_view token) {
+  if (!is_integer_token(token)) return false;
+  const char* end = token.data() + token.size();
+  if (token.starts_with('-')) {
+    std::int64_t v = 0;
+    return std::from_chars(token.data(), end, v).ec == std::errc();
+  }
+  std::uint64_t v = 0;
+  return std::from_chars(token.data(), end, v).ec == std::errc();
+}
+
+// Python's float(token) for a JSON number token: correctly rounded, with +-inf past the largest
+// double and +-0 below the smallest (where from_chars reports out of range).
+double python_float(std::string_view token) {
+  double value = 0;
+  const auto [ptr, ec] = std::from_chars(token.data(), token.data() + token.size(), value);
+  if (ec == std::errc()) return value;
+  const bool negative = token.starts_with('-');
+  if (negative) token.remove_prefix(1);
+  // Out of range: too large if its first significant digit stands at 10^0 or above.
+  const std::size_t e = token.find_first_of("eE");
+  const std::string_view mantissa = token.substr(0, e);
+  const std::size_t point = std::min(mantissa.find('.'), mantissa.size());
+  const std::size_t first = mantissa.find_first_of("123456789");
+  std::int64_t exponent = 0;
+  if (e != std::string_view::npos) {
+    std::string_view x = token.substr(e + 1);
+    const bool x_negative = x.starts_with('-');
+    if (x.starts_with('-') || x.starts_with('+')) x.remove_prefix(1);
+    for (char c : x) exponent = std::min<std::int64_t>(exponent * 10 + (c - '0'), std::int64_t{1} << 40);
+    if (x_negative) exponent = -exponent;
+  }
+  const std::int64_t order = static_cast<std::int64_t>(point) - static_cast<std::int64_t>(first) -
+                             (first < point ? 1 : 0) + exponent;
+  const double magnitude = first != std::string_view::npos && order >= 0 ? std::numeric_limits<double>::infinity() : 0.0;
+  return negative ? -magnitude : magnitude;
+}
+
+// Puts back, in document order, the number tokens that parse_python_json set aside.
+void restore_numbers(OrderedJson& value, const std::vector<std::string_view>& tokens, std::size_t& next,
+                     std::string_view where) {
+  if (value.is_structured()) {
+    for (auto& item : value) restore_numbers(item, tokens, next, where);
+    return;
+  }
+  if (!value.is_number_float()) return;
+  const std::string_view token = tokens.at(next++);
+  if (!is_integer_token(token)) {
+    value = python_float(token);
+    return;
+  }
+  const std::size_t digits = token.size() - (token.starts_with('-') ? 1 : 0);
+  if (digits > kPythonMaxIntDigits) {
+    fail("{}: an integer of {} digits, more than Python reads ({})", where, digits, kPythonMaxIntDigits);
+  }
+  value = OrderedJson::binary(std::vector<std::uint8_t>(token.begin(), token.end()));
+}
+
+// Python's repr() of a float, which json.dumps writes: the shortest digits that read back the
+// same, in positional notation for decimal exponents from -4 to 15 (with ".0" if integral),
+// else as d.ddde+XX.
+std::string python_float_repr(double x) {
+  if (std::isnan(x)) return "NaN";
+  if (std::isinf(x)) return x > 0 ? "Infinity" : "-Infinity";
+  std::array<char, 64> buffer{};
+  const auto result = std::to_chars(buffer.data(), buffer.data() + buffer.size(), x, std::chars_format::scientific);
+  std::string_view s(buffer.data(), static_cast<std::size_t>(result.ptr - buffer.data()));  // -d.ddde+XX
+  std::string out;
+  if (s.starts_with('-')) {
+    out += '-';
+    s.remove_prefix(1);
+  }
+  const std::size_t e = s.find('e');
+  std::string digits;
+  for (char c : s.substr(0, e))
+    if (c != '.') digits += c;
+  int exponent = 0;
+  for (char c : s.substr(e + 2)) exponent = exponent * 10 + (c - '0');
+  if (s[e + 1] == '-') exponent = -exponent;
+
+  if (exponent < -4 || exponent >= 16) {
+    out += digits[0];
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    out += exponent < 0 ? "e-" : "e+";
+    if (std::abs(exponent) < 10) out += '0';
+    out += std::to_string(std::abs(exponent));
+  } else if (exponent < 0) {
+    out += "0.";
+    out.append(static_cast<std::size_t>(-exponent - 1), '0');
+    out += digits;
+  } else {
+    const auto point = static_cast<std::size_t>(exponent) + 1;
+    if (digits.size() <= point) {
+      out += digits;
+      out.append(point - digits.size(), '0');
+      out += ".0";
+    } else {
+      out += digits.substr(0, point) + "." + digits.substr(point);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+OrderedJson parse_python_json(std::string_view text, std::string_view where) {
+  // Number tokens that nlohmann would not read exactly (floats, and integers beyond 64 bits,
+  // which it makes doubles or refuses past the double range) are set aside and replaced by
+  // "0.0" for the structural parse, then put back as Python reads them.
+  std::string replaced;
+  std::vector<std::string_view> tokens;
+  std::size_t copied = 0;
+  for (std::size_t i = 0; i < text.size();) {
+    const char c = text[i];
+    if (c == '"') {  // skip the string
+      for (++i; i < text.size() && text[i] != '"'; ++i)
+        if (text[i] == '\\') ++i;
+      ++i;
+      continue;
+    }
+    if (c != '-' && !is_digit(c)) {
+      ++i;
+      continue;
+    }
+    const std::size_t length = number_token_length(text.substr(i));
+    if (length == 0) {
+      ++i;
+      continue;
+    }
+    const std::string_view token = text.substr(i, length);
+    if (!fits_64_bits(token)) {
+      replaced.append(text.substr(copied, i - copied));
+      replaced += "0.0";
+      copied = i + length;
+      tokens.push_back(token);
+    }
+    i += length;
+  }
+  if (tokens.empty()) return parse_ordered_json(text, where);
+  replaced.append(text.substr(copied));
+  OrderedJson value = parse_ordered_json(replaced, where);
+  std::size_t next = 0;
+  restore_numbers(value, tokens, next, where);
+  return value;
+}
+
 std::string python_json_dumps(const OrderedJson& value) {
   switch (value.type()) {
     case OrderedJson::value_t::object: {
@@ -460,6 +651,12 @@ std::string python_json_dumps(const OrderedJson& value) {
         out += python_json_dumps(value[i]);
       }
       return out + "]";
+    }
+    case OrderedJson::value_t::number_float:
+      return python_float_repr(value.get<double>());
+    case OrderedJson::value_t::binary: {  // an integer's digits (parse_python_json)
+      const auto& digits = value.get_binary();
+      return std::string(digits.begin(), digits.end());
     }
     default:
       return value.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);

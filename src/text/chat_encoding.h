@@ -90,8 +90,18 @@ struct ParsedCompletion {
 // flagged (tool_markup_error) where the reference raises.
 ParsedCompletion parse_completion(std::string_view text, bool thinking);
 
+// JSON text read as Python's json.loads reads it, for python_json_dumps to write back as
+// json.dumps does: parsed as everywhere (json_io.h: depth limit, no repeated keys; `where`
+// names the source in errors), in document key order, except numbers: an integer beyond 64 bits
+// keeps its digits (held as a binary value), a float past the double range reads as +-inf and
+// one below it as +-0. Throws Error on what Python would not read either (and on a repeated
+// key, which Python would take).
+nlohmann::ordered_json parse_python_json(std::string_view text, std::string_view where);
+
 // Python's json.dumps(value, ensure_ascii=False): ", " and ": " separators, keys in the
-// order given, invalid UTF-8 replaced by U+FFFD.
+// order given, floats as repr() writes them (1e+16, 1000000000000000.0, 1e-05, Infinity),
+// binary values as the integer digits they hold (parse_python_json), invalid UTF-8 replaced
+// by U+FFFD.
 std::string python_json_dumps(const nlohmann::ordered_json& value);
 
 }  // namespace dsv4

@@ -204,6 +204,18 @@ TEST(OpenAiProtocol, ChatAssistantReasoningFields) {
   EXPECT_EQ(e.code, "invalid_type");
 }
 
+TEST(OpenAiProtocol, ChatToolSchemaNumbersAsPythonWritesThem) {
+  // Tool schemas are rendered with json.dumps: a big integer keeps its digits, floats follow repr.
+  const ApiRequest r = chat(R"({"messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+          "properties": {"n": {"type": "integer", "maximum": 123456789012345678901234567890, "minimum": 1e15,
+          "multipleOf": 0.00001}}}}}]})");
+  const std::string prompt = render_chat_prompt(r.messages, r.tools, ChatOptions{});
+  EXPECT_NE(prompt.find(R"({"type": "integer", "maximum": 123456789012345678901234567890, "minimum": 1000000000000000.0, "multipleOf": 1e-05})"),
+            std::string::npos)
+      << prompt;
+}
+
 TEST(OpenAiProtocol, ChatToolsAndThinking) {
   const ApiRequest r = chat(R"({"messages": [
       {"role": "user", "content": "weather?"},

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/error.h"
@@ -207,6 +208,66 @@ TEST(ChatRender, RejectsWhatItCannotRender) {
   EXPECT_THROW(render({msg("wizard", "x")}), Error);
   EXPECT_THROW(render({msg("user", "x")}, {}, OrderedJson{{"name", "f"}}), Error);
   EXPECT_THROW(render({msg("user", "x")}, {}, OrderedJson::array({OrderedJson{{"name", "f"}}})), Error);
+}
+
+TEST(ChatRender, ToolArgumentNumbersAsPythonWritesThem) {
+  // json.loads then json.dumps: floats by repr (exponent below 1e-4 and from 1e16 on), integers
+  // of any size exactly as written.
+  const std::string args =
+      R"({"a": 1e15, "b": 123456789012345678901234567890, "c": -18446744073709551617, "d": 1E5,)"
+      R"( "e": 1e16, "f": 0.00001, "g": [1.0, 2e-7, -0.0, 9999999999999998.0], "h": {"k": 1.5e300}})";
+  const std::string prompt = render({msg("user", "x"), assistant("", "", {{"", "f", args}})});
+  EXPECT_NE(prompt.find("<｜DSML｜parameter name=\"a\" string=\"false\">1000000000000000.0</｜DSML｜parameter>\n"
+                        "<｜DSML｜parameter name=\"b\" string=\"false\">123456789012345678901234567890</｜DSML｜parameter>\n"
+                        "<｜DSML｜parameter name=\"c\" string=\"false\">-18446744073709551617</｜DSML｜parameter>\n"
+                        "<｜DSML｜parameter name=\"d\" string=\"false\">100000.0</｜DSML｜parameter>\n"
+                        "<｜DSML｜parameter name=\"e\" string=\"false\">1e+16</｜DSML｜parameter>\n"
+                        "<｜DSML｜parameter name=\"f\" string=\"false\">1e-05</｜DSML｜parameter>\n"
+                        "<｜DSML｜parameter name=\"g\" string=\"false\">[1.0, 2e-07, -0.0, 9999999999999998.0]</｜DSML｜parameter>\n"
+                        "<｜DSML｜parameter name=\"h\" string=\"false\">{\"k\": 1.5e+300}</｜DSML｜parameter>\n"),
+            std::string::npos)
+      << prompt;
+  // Python refuses to read an integer of more than 4300 digits: the reference then renders the
+  // arguments text as one string parameter.
+  const std::string huge = "{\"n\": " + std::string(4301, '7') + "}";
+  EXPECT_NE(render({msg("user", "x"), assistant("", "", {{"", "f", huge}})})
+                .find("<｜DSML｜parameter name=\"arguments\" string=\"true\">" + huge + "</｜DSML｜parameter>"),
+            std::string::npos);
+  const std::string most = "{\"n\": " + std::string(4300, '7') + "}";
+  EXPECT_NE(render({msg("user", "x"), assistant("", "", {{"", "f", most}})})
+                .find("<｜DSML｜parameter name=\"n\" string=\"false\">" + std::string(4300, '7') + "</｜DSML｜parameter>"),
+            std::string::npos);
+}
+
+TEST(PythonJson, FloatsAsPythonRepr) {
+  const std::pair<double, const char*> cases[] = {
+      {0.0, "0.0"},          {-0.0, "-0.0"},        {1.0, "1.0"},
+      {1.5, "1.5"},          {0.1, "0.1"},          {1e15, "1000000000000000.0"},
+      {-1.5e15, "-1500000000000000.0"},            {9999999999999998.0, "9999999999999998.0"},
+      {1e16, "1e+16"},       {1.25e16, "1.25e+16"}, {123456789012345678.0, "1.2345678901234568e+17"},
+      {1e22, "1e+22"},       {0.0001, "0.0001"},    {0.00012, "0.00012"},
+      {0.00001, "1e-05"},    {1.5e-7, "1.5e-07"},   {5e-324, "5e-324"},
+      {1.7976931348623157e308, "1.7976931348623157e+308"},
+      {123.456, "123.456"},  {2.0 / 3.0, "0.6666666666666666"},
+  };
+  for (const auto& [value, want] : cases) EXPECT_EQ(python_json_dumps(OrderedJson(value)), want) << want;
+  // Integers stay integers, and big ones keep their digits.
+  EXPECT_EQ(python_json_dumps(parse_python_json("[10, -0, 18446744073709551615, -9223372036854775808, "
+                                                "18446744073709551616, -9223372036854775809, 1.0, 1E2]",
+                                                "test")),
+            "[10, 0, 18446744073709551615, -9223372036854775808, 18446744073709551616, -9223372036854775809, 1.0, "
+            "100.0]");
+  // Past the double range Python reads inf (written Infinity), below it 0; numbers inside
+  // strings are left alone.
+  EXPECT_EQ(python_json_dumps(parse_python_json(
+                R"([1e400, -1e400, -1e-400, 3e-324, 2e-324, 1.8e308, 0.0e999, "99999999999999999999999 \" 1e400", {"k\\": 1e400}])",
+                "test")),
+            R"([Infinity, -Infinity, -0.0, 5e-324, 0.0, Infinity, 0.0, "99999999999999999999999 \" 1e400", {"k\\": Infinity}])");
+  EXPECT_THROW(parse_python_json("[1, 2", "test"), Error);
+  EXPECT_THROW(parse_python_json("[01]", "test"), Error);
+  EXPECT_THROW(parse_python_json("[1.]", "test"), Error);
+  EXPECT_THROW(parse_python_json("[-]", "test"), Error);
+  EXPECT_THROW(parse_python_json(R"({"a": 1, "a": 2})", "test"), Error);
 }
 
 TEST(PythonJson, MatchesJsonDumps) {
