@@ -303,6 +303,14 @@ ApiRequest parse_fields(const JsonObject& f, Endpoint endpoint, const ProtocolLi
       r.thinking = kwargs->optional_boolean("thinking").value_or(
           kwargs->optional_boolean("enable_thinking").value_or(false));
     }
+    if (const auto effort = f.optional_string("reasoning_effort")) {
+      const auto level = parse_reasoning_effort(*effort);
+      if (!level) {
+        bad("reasoning_effort", "invalid_value",
+            fmt::format("Invalid value for 'reasoning_effort': '{}'; expected one of low, high, max.", *effort));
+      }
+      r.reasoning_effort = *level;
+    }
     r.add_generation_prompt = f.optional_boolean("add_generation_prompt").value_or(true);
     r.continue_final_message = f.optional_boolean("continue_final_message").value_or(false);
     if (r.continue_final_message && r.add_generation_prompt && f.has("add_generation_prompt")) {
@@ -357,6 +365,15 @@ ApiRequest parse_api_json(const Json& body, Endpoint endpoint, const ProtocolLim
   } catch (const JsonFieldError& e) {
     throw ApiException(api_error(e));
   }
+}
+
+ChatOptions chat_options(const ApiRequest& request) {
+  ChatOptions options;
+  options.thinking = request.thinking;
+  options.reasoning_effort = request.reasoning_effort;
+  options.add_generation_prompt = request.add_generation_prompt;
+  options.continue_final_message = request.continue_final_message;
+  return options;
 }
 
 void check_context_length(const ApiRequest& r, std::int64_t prompt_tokens, std::int64_t max_model_len) {

@@ -9,7 +9,8 @@
 // function, a tool_choice other than auto / none) are refused with code "unsupported_parameter"
 // rather than silently ignored; unknown fields are ignored (as vLLM does). Chat messages and
 // function tools follow text/chat_encoding.h; V4's thinking mode is chat_template_kwargs
-// {"thinking": true} (as in vLLM).
+// {"thinking": true} (as in vLLM), and "reasoning_effort" takes the levels V4's encoder
+// accepts (low, high, max; anything else is a 400).
 #pragma once
 
 #include <cstdint>
@@ -71,6 +72,7 @@ struct ApiRequest {
   std::vector<ChatMessage> messages;
   nlohmann::ordered_json tools;  // chat: OpenAI "tools" in the client's key order (null: none)
   bool thinking = false;         // chat: chat_template_kwargs.thinking (V4 thinking mode)
+  ReasoningEffort reasoning_effort = ReasoningEffort::kLow;  // chat: "reasoning_effort" (low, high, max)
   bool add_generation_prompt = true;    // chat (vLLM extension)
   bool continue_final_message = false;  // chat (vLLM extension)
 
@@ -88,6 +90,10 @@ struct ApiRequest {
 // Parses a request body. Throws ApiException (400) naming the field for anything invalid.
 ApiRequest parse_api_request(std::string_view body, Endpoint endpoint, const ProtocolLimits& limits);
 ApiRequest parse_api_json(const Json& body, Endpoint endpoint, const ProtocolLimits& limits);
+
+// The chat encoder's options for a chat request: thinking mode, reasoning effort, generation
+// prompt and continuation, as the request asked.
+ChatOptions chat_options(const ApiRequest& request);
 
 // Refuses (400, code context_length_exceeded) a prompt that leaves no room in max_model_len,
 // or one whose max_tokens would overflow it.

@@ -70,7 +70,8 @@ constexpr std::string_view kToolsTail =
     "\n"
     "You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n";
 
-constexpr std::string_view kReasoningEffortMax =
+// The reference's REASONING_EFFORT_PROMPTS for "high" and "max" ("low" is empty).
+constexpr std::string_view kReasoningEffortHigh =
     "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
     "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the "
     "root cause, rigorously stress-testing your logic against all potential paths, edge cases, and "
@@ -78,6 +79,23 @@ constexpr std::string_view kReasoningEffortMax =
     "Explicitly write out your entire deliberation process, documenting every intermediate step, "
     "considered alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n"
     "\n";
+constexpr std::string_view kReasoningEffortMax =
+    "Reasoning Effort: Beyond maximum — exhaustive, relentless, and uncompromising.\n"
+    "You MUST reason with the utmost depth and rigor, leaving absolutely nothing to chance: exhaustively "
+    "decompose the problem into its most fundamental components, trace every causal chain to its root, and "
+    "resolve the underlying cause rather than any surface symptom.\n"
+    "Do not stop reasoning until you have independently verified the solution from multiple angles and are "
+    "certain that no assumption remains unchecked and no error remains undiscovered.\n"
+    "\n";
+
+std::string_view reasoning_effort_text(ReasoningEffort effort) {
+  switch (effort) {
+    case ReasoningEffort::kLow: break;
+    case ReasoningEffort::kHigh: return kReasoningEffortHigh;
+    case ReasoningEffort::kMax: return kReasoningEffortMax;
+  }
+  return {};
+}
 
 constexpr std::string_view kInvokeOpen = "<｜DSML｜invoke";
 constexpr std::string_view kInvokeClose = "</｜DSML｜invoke>";
@@ -269,6 +287,13 @@ std::vector<Turn> drop_thinking(std::vector<Turn> turns) {
 
 }  // namespace
 
+std::optional<ReasoningEffort> parse_reasoning_effort(std::string_view name) {
+  if (name == "low") return ReasoningEffort::kLow;
+  if (name == "high") return ReasoningEffort::kHigh;
+  if (name == "max") return ReasoningEffort::kMax;
+  return std::nullopt;
+}
+
 std::string render_chat_prompt(std::span<const ChatMessage> messages, const OrderedJson& tools,
                                const ChatOptions& options) {
   if (!tools.is_null() && !tools.is_array()) fail("tools: expected an array, found {}", tools.type_name());
@@ -287,7 +312,7 @@ std::string render_chat_prompt(std::span<const ChatMessage> messages, const Orde
     const Turn& t = turns[i];
     const auto index = static_cast<std::ptrdiff_t>(i);
     const bool last = i + 1 == turns.size();
-    if (i == 0 && options.thinking && options.reasoning_effort_max) prompt += kReasoningEffortMax;
+    if (i == 0 && options.thinking) prompt += reasoning_effort_text(options.reasoning_effort);
 
     if (t.role == "system") {
       prompt += t.content;

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -50,6 +51,13 @@ struct ChatMessage {
   std::string name;                  // tool: the function's name (V4 does not render it)
 };
 
+// The reference's reasoning-effort levels ("low", "high", "max"; none given is "low"). In
+// thinking mode "high" and "max" put their "Reasoning Effort: ..." text at the very start of
+// the prompt, before the first message; "low" adds nothing, and chat mode none of them.
+enum class ReasoningEffort { kLow, kHigh, kMax };
+// The level of a name the reference accepts ("low", "high", "max"), else nullopt.
+std::optional<ReasoningEffort> parse_reasoning_effort(std::string_view name);
+
 struct ChatOptions {
   // Thinking mode: the reply opens with "<think>" and earlier turns' reasoning is dropped
   // (unless tools are given). Chat mode: "</think>" right after the assistant tag.
@@ -58,8 +66,8 @@ struct ChatOptions {
   bool add_generation_prompt = true;
   // The reference's drop_thinking; forced off when tools are given, as in the reference.
   bool drop_thinking = true;
-  // Thinking mode: prefix the reference's "Reasoning Effort: Absolute maximum ..." text.
-  bool reasoning_effort_max = false;
+  // Thinking mode: the level's text (if any) opens the prompt.
+  ReasoningEffort reasoning_effort = ReasoningEffort::kLow;
   // A last assistant message is left open (no end-of-sentence) for the model to continue.
   bool continue_final_message = false;
 };

@@ -204,13 +204,40 @@ TEST(OpenAiProtocol, ChatAssistantReasoningFields) {
   EXPECT_EQ(e.code, "invalid_type");
 }
 
+TEST(OpenAiProtocol, ChatReasoningEffort) {
+  const std::string messages = R"("messages": [{"role": "user", "content": "Hi"}])";
+  const ApiRequest plain = chat("{" + messages + "}");
+  EXPECT_EQ(plain.reasoning_effort, ReasoningEffort::kLow);
+  EXPECT_EQ(chat_options(plain).reasoning_effort, ReasoningEffort::kLow);
+  EXPECT_EQ(chat("{" + messages + R"(, "reasoning_effort": null})").reasoning_effort, ReasoningEffort::kLow);
+  EXPECT_EQ(chat("{" + messages + R"(, "reasoning_effort": "low"})").reasoning_effort, ReasoningEffort::kLow);
+  EXPECT_EQ(chat("{" + messages + R"(, "reasoning_effort": "high"})").reasoning_effort, ReasoningEffort::kHigh);
+  const ApiRequest max = chat("{" + messages + R"(, "reasoning_effort": "max", "chat_template_kwargs": {"thinking": true},
+      "add_generation_prompt": true})");
+  const ChatOptions options = chat_options(max);
+  EXPECT_EQ(options.reasoning_effort, ReasoningEffort::kMax);
+  EXPECT_TRUE(options.thinking);
+  EXPECT_TRUE(options.add_generation_prompt);
+  EXPECT_FALSE(options.continue_final_message);
+  EXPECT_TRUE(render_chat_prompt(max.messages, max.tools, options)
+                  .starts_with(std::string(kBosToken) + "Reasoning Effort: Beyond maximum"));
+  for (const char* bad : {R"("medium")", R"("none")", R"("MAX")", R"("")"}) {
+    const ApiError e = error_of("{" + messages + R"(, "reasoning_effort": )" + bad + "}", Endpoint::kChat);
+    EXPECT_EQ(e.status, 400) << bad;
+    EXPECT_EQ(e.param, "reasoning_effort") << bad;
+    EXPECT_EQ(e.code, "invalid_value") << bad;
+    EXPECT_NE(e.message.find("low, high, max"), std::string::npos) << e.message;
+  }
+  EXPECT_EQ(error_of("{" + messages + R"(, "reasoning_effort": 2})", Endpoint::kChat).code, "invalid_type");
+}
+
 TEST(OpenAiProtocol, ChatToolSchemaNumbersAsPythonWritesThem) {
   // Tool schemas are rendered with json.dumps: a big integer keeps its digits, floats follow repr.
   const ApiRequest r = chat(R"({"messages": [{"role": "user", "content": "x"}],
       "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
           "properties": {"n": {"type": "integer", "maximum": 123456789012345678901234567890, "minimum": 1e15,
           "multipleOf": 0.00001}}}}}]})");
-  const std::string prompt = render_chat_prompt(r.messages, r.tools, ChatOptions{});
+  const std::string prompt = render_chat_prompt(r.messages, r.tools, chat_options(r));
   EXPECT_NE(prompt.find(R"({"type": "integer", "maximum": 123456789012345678901234567890, "minimum": 1000000000000000.0, "multipleOf": 1e-05})"),
             std::string::npos)
       << prompt;
@@ -288,6 +315,8 @@ TEST(OpenAiProtocol, BadChatMessages) {
        "messages[0].tool_calls[0].function.name", "missing_required_parameter"},
       {R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"thinking": "yes"}})",
        "chat_template_kwargs.thinking", "invalid_type"},
+      {R"({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "medium"})", "reasoning_effort",
+       "invalid_value"},
       {R"({"messages": [{"role": "user", "content": "x"}], "continue_final_message": true})", "continue_final_message",
        "invalid_value"},
       {R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -3})", "max_completion_tokens",

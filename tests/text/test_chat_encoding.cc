@@ -120,14 +120,49 @@ TEST(ChatRender, GenerationPromptAndContinuation) {
             BOS + USER + "Hi" + ASSISTANT + "<think>" + "hmm</think>Hello" + EOS);
 }
 
-TEST(ChatRender, ReasoningEffortMax) {
+// encoding_dsv4.py's REASONING_EFFORT_PROMPTS: "low" (the default) adds nothing, "high" and
+// "max" their own texts, at the very start of the prompt and only in thinking mode.
+const std::string kEffortHigh =
+    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
+    "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root "
+    "cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial "
+    "scenarios.\n"
+    "Explicitly write out your entire deliberation process, documenting every intermediate step, considered "
+    "alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n";
+const std::string kEffortMax =
+    "Reasoning Effort: Beyond maximum — exhaustive, relentless, and uncompromising.\n"
+    "You MUST reason with the utmost depth and rigor, leaving absolutely nothing to chance: exhaustively "
+    "decompose the problem into its most fundamental components, trace every causal chain to its root, and "
+    "resolve the underlying cause rather than any surface symptom.\n"
+    "Do not stop reasoning until you have independently verified the solution from multiple angles and are "
+    "certain that no assumption remains unchecked and no error remains undiscovered.\n\n";
+
+TEST(ChatRender, ReasoningEffortLadder) {
   ChatOptions o = thinking();
-  o.reasoning_effort_max = true;
-  const std::string prompt = render({msg("user", "Hi")}, o);
-  EXPECT_EQ(prompt.rfind(BOS + "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n", 0), 0u);
-  EXPECT_TRUE(prompt.ends_with("left unchecked.\n\n" + USER + "Hi" + ASSISTANT + "<think>"));
-  o.thinking = false;  // chat mode: no effort prompt
-  EXPECT_EQ(render({msg("user", "Hi")}, o), BOS + USER + "Hi" + ASSISTANT + "</think>");
+  EXPECT_EQ(o.reasoning_effort, ReasoningEffort::kLow);
+  EXPECT_EQ(render({msg("user", "Hi")}, o), BOS + USER + "Hi" + ASSISTANT + "<think>");
+  o.reasoning_effort = ReasoningEffort::kHigh;
+  EXPECT_EQ(render({msg("user", "Hi")}, o), BOS + kEffortHigh + USER + "Hi" + ASSISTANT + "<think>");
+  o.reasoning_effort = ReasoningEffort::kMax;
+  EXPECT_EQ(render({msg("user", "Hi")}, o), BOS + kEffortMax + USER + "Hi" + ASSISTANT + "<think>");
+  // Before the first message whatever it is: the system prompt, or the tools' system message.
+  EXPECT_EQ(render({msg("system", "S"), msg("user", "Hi")}, o), BOS + kEffortMax + "S" + USER + "Hi" + ASSISTANT + "<think>");
+  EXPECT_EQ(render({msg("user", "Hi")}, o, kWeatherTools),
+            BOS + kEffortMax + "\n\n" + kWeatherToolsBlock + USER + "Hi" + ASSISTANT + "<think>");
+  // Chat mode: every level renders nothing.
+  for (ReasoningEffort e : {ReasoningEffort::kLow, ReasoningEffort::kHigh, ReasoningEffort::kMax}) {
+    ChatOptions chat;
+    chat.reasoning_effort = e;
+    EXPECT_EQ(render({msg("user", "Hi")}, chat), BOS + USER + "Hi" + ASSISTANT + "</think>");
+  }
+}
+
+TEST(ChatRender, ReasoningEffortNames) {
+  EXPECT_EQ(parse_reasoning_effort("low"), ReasoningEffort::kLow);
+  EXPECT_EQ(parse_reasoning_effort("high"), ReasoningEffort::kHigh);
+  EXPECT_EQ(parse_reasoning_effort("max"), ReasoningEffort::kMax);
+  for (const char* other : {"", "medium", "minimal", "none", "xhigh", "MAX", "max "})
+    EXPECT_FALSE(parse_reasoning_effort(other).has_value()) << other;
 }
 
 TEST(ChatRender, ToolsBlockAfterSystemPrompt) {
