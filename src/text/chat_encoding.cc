@@ -16,8 +16,12 @@
 //     it parses, and a string="false" value that is not JSON becomes a JSON string;
 //   - tool-call arguments that are not a JSON object render as one string parameter
 //     "arguments" (the older copy of the reference does that; vLLM's raises), empty ones as {};
+//   - arguments that repeat a key are not read as JSON (json_io.h refuses them; Python keeps
+//     the last value), so they render as the one string parameter too;
 //   - the reference's quick-instruction "task" tokens, response_format and content blocks of
 //     images are not supported (an OpenAI request cannot ask for the first two).
+// The reasoning-effort texts are those of the current encoder (low / high / max); the first V4
+// checkpoints' copy knew only "high" (no text) and "max" (today's "high" text).
 #include "text/chat_encoding.h"
 
 #include <algorithm>

@@ -74,8 +74,9 @@ struct ChatOptions {
 
 // The prompt text (to be encoded with special tokens allowed). `tools` is OpenAI's request
 // "tools" array ([{"type": "function", "function": {...}}]) or null/empty; its schemas are
-// rendered with Python's json.dumps spacing in the key order given (parse requests into
-// nlohmann::ordered_json to keep the client's order; a plain Json converts, keys sorted).
+// rendered as Python's json.dumps writes them, in the key order given (read requests with
+// parse_python_json to keep the client's order and big integers; a plain Json converts, keys
+// sorted).
 // Throws Error on requests it cannot render: an unknown role, tools that are not an array
 // of {"function": {...}} objects.
 std::string render_chat_prompt(std::span<const ChatMessage> messages, const nlohmann::ordered_json& tools,
