@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <boost/asio/dispatch.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
@@ -1022,7 +1023,9 @@ void Server::run(const std::function<void(int port)>& on_bound) {
   s.max_connections = std::max<std::size_t>(1, std::min(wanted, fd_limit > 128 ? fd_limit - 64 : fd_limit / 2));
   {
     std::lock_guard lock(s.state_mu);
-    s.ioc.emplace(1);
+    // The hint is the number of threads that run it (a hint of 1 would let the scheduler skip
+    // waking a thread blocked in epoll when another thread posts work).
+    s.ioc.emplace(s.options.http_threads > 0 ? s.options.http_threads : 2);
     s.accept_strand.emplace(asio::make_strand(*s.ioc));
   }
   {
@@ -1081,13 +1084,9 @@ void Server::run(const std::function<void(int port)>& on_bound) {
 
   // The threads that touch sockets and the prepare pool start with SIGPIPE blocked (asio
   // sends with MSG_NOSIGNAL; this is belt and braces) and inherit the caller's signal mask.
-  const int threads = s.options.http_threads > 0 ? s.options.http_threads : 2;
-  std::vector<std::thread> io_threads = with_sigpipe_blocked([&s, threads] {
-    s.prepare_pool.emplace(static_cast<std::size_t>(std::max(1, s.options.prepare_threads)));
-    std::vector<std::thread> started;
-    for (int i = 0; i < threads; ++i) started.emplace_back([&s] { s.ioc->run(); });
-    return started;
-  });
+  // Work from the start: run() must not return before the first handler is queued; only
+  // ioc->stop() (shutdown drained, or its final timer) ends it.
+  auto work = asio::make_work_guard(*s.ioc);
   asio::post(*s.accept_strand, [&s] {
     if (s.stopping) {
       s.begin_shutdown();
@@ -1095,7 +1094,15 @@ void Server::run(const std::function<void(int port)>& on_bound) {
       s.start_accept();
     }
   });
+  const int threads = s.options.http_threads > 0 ? s.options.http_threads : 2;
+  std::vector<std::thread> io_threads = with_sigpipe_blocked([&s, threads] {
+    s.prepare_pool.emplace(static_cast<std::size_t>(std::max(1, s.options.prepare_threads)));
+    std::vector<std::thread> started;
+    for (int i = 0; i < threads; ++i) started.emplace_back([&s] { s.ioc->run(); });
+    return started;
+  });
   for (std::thread& t : io_threads) t.join();
+  work.reset();
   {
     std::lock_guard lock(s.state_mu);
     s.stopping = true;

@@ -50,7 +50,7 @@ TEST(ServerLifecycle, Health503WhileLoadingThenLoadFailureEndsRun) {
   c.set_read_timeout(5);
   for (const char* path : {"/health", "/v1/models"}) {
     auto res = c.Get(path);
-    ASSERT_TRUE(res) << path;
+    ASSERT_TRUE(res) << path << ": " << test::to_string(res.error());
     EXPECT_EQ(res->status, 503) << path;
     const auto j = nlohmann::json::parse(res->body, nullptr, false);
     EXPECT_TRUE(j.contains("error")) << res->body;
