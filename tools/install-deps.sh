@@ -3,7 +3,7 @@
 set -euo pipefail
 packages=(cmake ninja-build g++ clang libclang-rt-14-dev python3 python3-numpy
           nlohmann-json3-dev libfmt-dev libcli11-dev libxxhash-dev libgtest-dev libgmock-dev
-          libcpp-httplib-dev libpcre2-dev libbenchmark-dev)
+          libboost-dev libpcre2-dev libbenchmark-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,11 +1,15 @@
 // `dsv4 serve`: the OpenAI-compatible HTTP server (server/server.h) on a model directory, or
 // on the built-in tiny model when --model is omitted. Flags are named as vLLM's; each can
 // also come from an environment variable (DSV4_HOST, DSV4_PORT, DSV4_API_KEY, ...).
-// SIGINT / SIGTERM stop it gracefully: running requests are aborted, then it exits 0.
+// SIGINT / SIGTERM stop it gracefully: no new connections, requests in flight get
+// --shutdown-timeout seconds to finish, the rest are ended cleanly, then it exits 0. A second
+// SIGINT / SIGTERM exits at once (status 1).
 #include <fmt/format.h>
 
 #include <atomic>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <pthread.h>
 #include <thread>
@@ -26,6 +30,11 @@ struct ServeOptions {
   std::string api_key;
   std::size_t max_request_body_bytes = 4u << 20;
   int http_threads = 0;
+  int max_connections = 4096;
+  double header_timeout = 10;
+  double body_timeout = 30;
+  double keep_alive_timeout = 5;
+  double shutdown_timeout = 10;
   std::int64_t max_logprobs = 20;
   bool log_requests = false;
 };
@@ -38,7 +47,12 @@ void run_serve(const ServeOptions& o) {
   if (options.served_model_names.empty()) options.served_model_names.push_back(o.model.model.empty() ? "dsv4-tiny" : o.model.model);
   options.api_key = o.api_key;
   options.max_body_bytes = o.max_request_body_bytes;
-  options.http_threads = o.http_threads > 0 ? o.http_threads : static_cast<int>(std::max<std::int64_t>(64, 2 * o.model.max_num_seqs + 16));
+  options.http_threads = o.http_threads;
+  options.max_connections = o.max_connections;
+  options.header_timeout_s = o.header_timeout;
+  options.body_timeout_s = o.body_timeout;
+  options.keep_alive_timeout_s = o.keep_alive_timeout;
+  options.shutdown_timeout_s = o.shutdown_timeout;
   options.max_logprobs = o.max_logprobs;
   options.log_requests = o.log_requests;
 
@@ -56,22 +70,28 @@ void run_serve(const ServeOptions& o) {
   });
 
   // SIGINT/SIGTERM go to one watcher thread (blocked everywhere else, so every thread started
-  // from here on inherits the mask) which asks the server to stop.
+  // from here on inherits the mask) which asks the server to stop; a second one exits at once.
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::atomic<bool> done{false};
+  bool stopping = false;
   std::thread watcher([&] {
     const timespec tick{0, 200'000'000};
     while (!done) {
       const int sig = sigtimedwait(&signals, nullptr, &tick);
-      if (sig == SIGINT || sig == SIGTERM) {
-        fmt::print(stderr, "dsv4 serve: {} received, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-        server.stop();
-        break;
+      if (sig != SIGINT && sig != SIGTERM) continue;
+      if (stopping) {
+        fmt::print(stderr, "dsv4 serve: {} received again, exiting now\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        std::fflush(stderr);
+        std::_Exit(1);
       }
+      stopping = true;
+      fmt::print(stderr, "dsv4 serve: {} received, shutting down (requests in flight get {} s)\n",
+                 sig == SIGINT ? "SIGINT" : "SIGTERM", options.shutdown_timeout_s);
+      server.stop();
     }
   });
   try {
@@ -107,9 +127,31 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-request-body-bytes", o->max_request_body_bytes, "larger request bodies get 413 (default 4 MiB)")
       ->check(CLI::PositiveNumber)
       ->envname("DSV4_MAX_REQUEST_BODY_BYTES");
-  cmd->add_option("--http-threads", o->http_threads, "HTTP worker threads (default: max(64, 2 * max-num-seqs + 16))")
+  cmd->add_option("--http-threads", o->http_threads,
+                  "threads running the event-driven HTTP front end; connections cost no thread (default 2)")
       ->check(CLI::NonNegativeNumber)
       ->envname("DSV4_HTTP_THREADS");
+  cmd->add_option("--max-connections", o->max_connections,
+                  "open connections at most; more are answered 503 and closed (default 4096, at most the "
+                  "file-descriptor limit less 64)")
+      ->check(CLI::PositiveNumber)
+      ->envname("DSV4_MAX_CONNECTIONS");
+  cmd->add_option("--http-header-timeout", o->header_timeout,
+                  "seconds a new connection has to send its request line and headers (default 10)")
+      ->check(CLI::PositiveNumber)
+      ->envname("DSV4_HTTP_HEADER_TIMEOUT");
+  cmd->add_option("--http-body-timeout", o->body_timeout, "seconds a request body has to arrive in full (default 30)")
+      ->check(CLI::PositiveNumber)
+      ->envname("DSV4_HTTP_BODY_TIMEOUT");
+  cmd->add_option("--timeout-keep-alive", o->keep_alive_timeout,
+                  "seconds an idle keep-alive connection stays open (default 5, as vLLM's)")
+      ->check(CLI::PositiveNumber)
+      ->envname("DSV4_TIMEOUT_KEEP_ALIVE");
+  cmd->add_option("--shutdown-timeout", o->shutdown_timeout,
+                  "on SIGTERM/SIGINT: seconds requests in flight may still run before each is ended (streams with "
+                  "an error event and [DONE]); a second signal exits at once (default 10)")
+      ->check(CLI::NonNegativeNumber)
+      ->envname("DSV4_SHUTDOWN_TIMEOUT");
   cmd->add_option("--max-logprobs", o->max_logprobs, "most logprobs / top_logprobs a request may ask for (default 20)")
       ->check(CLI::NonNegativeNumber)
       ->envname("DSV4_MAX_LOGPROBS");

@@ -63,6 +63,32 @@ Engine::Engine(Executor& executor, std::unique_ptr<Executor>&& owned, EngineConf
 
 Engine::~Engine() = default;
 
+void Engine::require_cache_for_max_model_len() const {
+  const CacheSpec& spec = executor_.cache_spec();
+  auto fits = [&](std::int64_t tokens) {
+    const std::vector<std::int64_t> need = sequence_pages(spec, tokens);
+    for (std::size_t b = 0; b < need.size(); ++b) {
+      if (need[b] > config_.cache_pages[b]) return false;
+    }
+    return true;
+  };
+  const std::int64_t len = config_.max_model_len;
+  if (fits(len)) return;
+  std::int64_t lo = 0, hi = len;  // fits(lo) (or lo == 0), !fits(hi)
+  while (hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  const std::vector<std::int64_t> need = sequence_pages(spec, len);
+  std::string buckets;
+  for (std::size_t b = 0; b < need.size(); ++b) {
+    buckets += fmt::format("{}{} B pages: {} of {} needed", b ? "; " : "", spec.buckets[b], config_.cache_pages[b], need[b]);
+  }
+  fail("the KV cache cannot hold one sequence of max_model_len {} tokens ({}); it holds at most {} tokens per "
+       "sequence. Give the cache more memory (--cache-gb, --gpu-memory-utilization) or lower --max-model-len to {}",
+       len, buckets, lo, lo);
+}
+
 RequestId Engine::add_request(std::vector<std::int32_t> prompt, SamplingParams params) {
   const std::int64_t vocab = model_config().vocab_size;
   if (prompt.empty()) fail("request: the prompt is empty");
@@ -114,6 +140,7 @@ RequestOutput Engine::output_of(const Request& request) const {
   out.finished = request.is_finished();
   out.finish_reason = request.finish_reason;
   out.error = request.error;
+  out.error_kind = request.error_kind;
   out.num_prompt_tokens = request.num_prompt_tokens;
   out.num_cached_tokens = request.num_cached_tokens.value_or(0);
   out.num_output_tokens = request.num_output_tokens();
@@ -121,8 +148,9 @@ RequestOutput Engine::output_of(const Request& request) const {
   return out;
 }
 
-void Engine::finish_now(Request& request, FinishReason reason, std::string error, std::vector<RequestOutput>& outputs) {
-  scheduler_->finish(&request, reason, std::move(error));
+void Engine::finish_now(Request& request, FinishReason reason, std::string error, RequestErrorKind kind,
+                        std::vector<RequestOutput>& outputs) {
+  scheduler_->finish(&request, reason, std::move(error), kind);
   outputs.push_back(output_of(request));
 }
 
@@ -141,14 +169,14 @@ void Engine::take_inbox(std::vector<RequestOutput>& outputs) {
     if (r.num_prompt_tokens >= limit) {
       finish_now(r, FinishReason::kError,
                  fmt::format("the prompt has {} tokens; max_model_len {} leaves no room for output", r.num_prompt_tokens, limit),
-                 outputs);
+                 RequestErrorKind::kContextLength, outputs);
       continue;
     }
     if (r.params.max_tokens && r.num_prompt_tokens + *r.params.max_tokens > limit) {
       finish_now(r, FinishReason::kError,
                  fmt::format("prompt ({} tokens) + max_tokens ({}) exceeds max_model_len {}", r.num_prompt_tokens,
                              *r.params.max_tokens, limit),
-                 outputs);
+                 RequestErrorKind::kContextLength, outputs);
       continue;
     }
     r.max_tokens = r.params.max_tokens.value_or(limit - r.num_prompt_tokens);
@@ -157,7 +185,7 @@ void Engine::take_inbox(std::vector<RequestOutput>& outputs) {
   for (RequestId id : aborted) {
     auto it = requests_.find(id);
     if (it == requests_.end() || it->second->is_finished()) continue;
-    finish_now(*it->second, FinishReason::kAbort, {}, outputs);
+    finish_now(*it->second, FinishReason::kAbort, {}, RequestErrorKind::kNone, outputs);
   }
 }
 
@@ -180,7 +208,7 @@ std::vector<RequestOutput> Engine::step() {
     }
     if (!failure.empty()) {
       // The step's requests cannot trust their caches any more; the others are untouched.
-      for (const ScheduledSlice& s : step.slices) finish_now(*s.request, FinishReason::kError, "executor failed: " + failure, outputs);
+      for (const ScheduledSlice& s : step.slices) finish_now(*s.request, FinishReason::kError, "executor failed: " + failure, RequestErrorKind::kInternal, outputs);
     } else {
       scheduler_->commit(step);
       for (std::size_t i = 0; i < step.sampling.size(); ++i) {

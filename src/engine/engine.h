@@ -100,6 +100,11 @@ class Engine {
   const EngineConfig& config() const { return config_; }
   const ModelConfig& model_config() const { return executor_.config(); }
   std::int64_t max_model_len() const { return config_.max_model_len; }
+  // Throws Error, with the numbers, when the KV cache cannot hold one sequence of max_model_len
+  // tokens. The engine itself accepts such a cache (requests that outgrow it finish with
+  // RequestErrorKind::kCacheCapacity); a server calls this at startup and refuses to start, as
+  // vLLM does.
+  void require_cache_for_max_model_len() const;
   // For tests and tools on the loop thread.
   KvCacheManager& kv_cache() { return *kv_; }
   const Scheduler& scheduler() const { return *scheduler_; }
@@ -108,7 +113,8 @@ class Engine {
   Engine(Executor& executor, std::unique_ptr<Executor>&& owned, EngineConfig config);
   void take_inbox(std::vector<RequestOutput>& outputs);
   RequestOutput output_of(const Request& request) const;
-  void finish_now(Request& request, FinishReason reason, std::string error, std::vector<RequestOutput>& outputs);
+  void finish_now(Request& request, FinishReason reason, std::string error, RequestErrorKind kind,
+                  std::vector<RequestOutput>& outputs);
   void update_stats(std::int64_t newly_finished, std::int64_t newly_failed, std::int64_t sampled);
 
   std::unique_ptr<Executor> owned_executor_;

@@ -28,6 +28,10 @@ using Clock = std::chrono::steady_clock;
 
 enum class RequestStatus { kWaiting, kRunning, kFinished };
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+// What kind of error finished a request (FinishReason::kError), so that callers decide by type,
+// never by the message's text: the KV cache cannot hold it, it exceeds max_model_len, or the
+// engine failed.
+enum class RequestErrorKind { kNone, kCacheCapacity, kContextLength, kInternal };
 
 std::string_view finish_reason_name(FinishReason reason);  // "stop", "length", "abort", "error", "" (none)
 
@@ -52,6 +56,7 @@ struct Request {
   RequestStatus status = RequestStatus::kWaiting;
   FinishReason finish_reason = FinishReason::kNone;
   std::string error;                 // why, when finish_reason is kError
+  RequestErrorKind error_kind = RequestErrorKind::kNone;
 
   std::int64_t num_computed = 0;     // leading tokens whose cache entries are written
   std::optional<std::int64_t> num_cached_tokens;  // prompt tokens served by the prefix cache at first admission
@@ -76,6 +81,7 @@ struct RequestOutput {
   bool finished = false;
   FinishReason finish_reason = FinishReason::kNone;
   std::string error;
+  RequestErrorKind error_kind = RequestErrorKind::kNone;  // set with finish_reason kError
   std::int64_t num_prompt_tokens = 0;
   std::int64_t num_cached_tokens = 0;  // prompt tokens served by the prefix cache
   std::int64_t num_output_tokens = 0;  // so far, including new_tokens

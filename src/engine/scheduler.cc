@@ -26,7 +26,8 @@ void Scheduler::add(Request* request) {
     if (need[b] > total) {
       finish(request, FinishReason::kError,
              fmt::format("the prompt of {} tokens needs {} pages of {} B (bucket {}) in the KV cache, which has {}",
-                         request->num_prompt_tokens, need[b], kv_.spec().buckets[b], b, total));
+                         request->num_prompt_tokens, need[b], kv_.spec().buckets[b], b, total),
+             RequestErrorKind::kCacheCapacity);
       failed_.push_back(request);
       return;
     }
@@ -54,13 +55,14 @@ void Scheduler::preempt(Request* request) {
   waiting_.push_front(request);
 }
 
-void Scheduler::finish(Request* request, FinishReason reason, std::string error) {
+void Scheduler::finish(Request* request, FinishReason reason, std::string error, RequestErrorKind kind) {
   if (auto it = std::find(running_.begin(), running_.end(), request); it != running_.end()) running_.erase(it);
   if (auto it = std::find(waiting_.begin(), waiting_.end(), request); it != waiting_.end()) waiting_.erase(it);
   if (kv_.has_sequence(request->id)) kv_.free(request->id);
   request->status = RequestStatus::kFinished;
   request->finish_reason = reason;
   request->error = std::move(error);
+  request->error_kind = reason == FinishReason::kError && kind == RequestErrorKind::kNone ? RequestErrorKind::kInternal : kind;
   request->times.finished = Clock::now();
 }
 
@@ -81,7 +83,8 @@ ScheduledStep Scheduler::schedule() {
     step.preempted.push_back(victim);
   };
   auto fail_request = [&](Request* request, const std::string& reason) {
-    finish(request, FinishReason::kError, "the KV cache cannot hold this request: " + reason);
+    finish(request, FinishReason::kError, "the KV cache cannot hold this request: " + reason,
+           RequestErrorKind::kCacheCapacity);
     step.failed.push_back(request);
   };
 

@@ -73,7 +73,8 @@ class Scheduler {
   // After the executor ran the step: commits the written positions to the KV cache.
   void commit(const ScheduledStep& step);
   // Finishes a waiting or running request (stop, length, abort, error) and frees its cache.
-  void finish(Request* request, FinishReason reason, std::string error = {});
+  void finish(Request* request, FinishReason reason, std::string error = {},
+              RequestErrorKind kind = RequestErrorKind::kNone);
 
   bool has_unfinished() const { return !waiting_.empty() || !running_.empty(); }
   std::int64_t num_waiting() const { return static_cast<std::int64_t>(waiting_.size()); }

@@ -5,13 +5,22 @@
 //   GET  /health                                 503 while the model loads, 200 when ready
 //   GET  /metrics                                Prometheus text (metrics.h)
 //
-// Threads: cpp-httplib's pool runs the handlers, with SIGPIPE blocked on those threads only (a
-// client that hangs up costs a failed write, not the process; the process's SIGPIPE setting is
-// left alone: sigpipe.h). One loop thread steps the engine (engine.h) and hands each
-// RequestOutput to the handler waiting for that request through a small per-request queue. A
-// handler whose client goes away (connection_probe.h, or a failed write) aborts its request,
-// which frees its KV cache at the next step. The port is bound first; the model loads on a
-// background thread, so /health answers 503 meanwhile.
+// Threads: one Boost.Asio io_context run by a few threads (ServerOptions::http_threads) owns
+// every socket. Connections are event-driven: an idle or slow connection costs no thread, every
+// read has a deadline (headers, body, keep-alive), header and body limits apply to the decoded
+// bytes, and connections beyond max_connections get a 503 and are closed. Parsing and
+// tokenizing a generation request runs on a small fixed pool (prepare_threads) with a bounded
+// number of requests admitted at once (max_pending_prepares; beyond it a 503). One loop thread
+// steps the engine (engine.h) and hands each RequestOutput to its connection through a small
+// per-request queue plus asio::post: it never touches a socket. A connection whose client goes
+// away (connection_probe.h, or a failed write) aborts its request, which frees its KV cache at
+// the next step. The port is bound first; the model loads on a background thread, so /health
+// answers 503 meanwhile.
+//
+// Shutdown (stop()): the listening socket closes, connections waiting for a request close at
+// once, requests in flight get shutdown_timeout seconds to finish; then each remaining stream
+// ends with an error event, "data: [DONE]" and the last chunk, and each remaining
+// non-streaming request gets a 503.
 #pragma once
 
 #include <cstddef>
@@ -31,8 +40,19 @@ struct ServerOptions {
   int port = 8000;                          // 0: any free port (see Server::port)
   std::vector<std::string> served_model_names;  // the first is reported; empty: "dsv4"
   std::string api_key;                      // empty: no authentication
-  std::size_t max_body_bytes = 4u << 20;    // larger request bodies get 413
-  int http_threads = 0;                     // HTTP handler threads; 0: 64
+  std::size_t max_body_bytes = 4u << 20;    // larger request bodies get 413 (decoded: chunked counts its data)
+  std::size_t max_header_bytes = 64u << 10; // request line + header fields; more gets 431
+  std::size_t max_header_fields = 100;      // more header fields get 431
+  int http_threads = 0;                     // threads running the io_context; 0: 2
+  int max_connections = 0;                  // open connections; more get 503 and are closed; 0: 4096
+                                            // (at most the file-descriptor limit less 64)
+  double header_timeout_s = 10;             // a new connection's request line + headers must arrive within
+  double body_timeout_s = 30;               // a request body must arrive in full within
+  double keep_alive_timeout_s = 5;          // an idle keep-alive connection is closed after
+  double write_timeout_s = 30;              // one write to a client must complete within
+  double shutdown_timeout_s = 10;           // stop(): how long requests in flight may still run
+  int prepare_threads = 2;                  // threads that parse and tokenize generation requests
+  int max_pending_prepares = 64;            // generation requests parsed/tokenized or waiting to be; more get 503
   std::int64_t max_logprobs = 20;
   bool log_requests = false;
 };
@@ -54,7 +74,8 @@ class Server {
   // Binds the port (throws Error when it cannot), calls `on_bound(port)`, loads the model on a
   // background thread and serves until stop(). Throws Error when loading failed.
   void run(const std::function<void(int port)>& on_bound = {});
-  // From any thread (not from a signal handler): aborts running requests and ends run().
+  // From any thread (not from a signal handler): stops accepting, lets requests in flight run
+  // for shutdown_timeout_s, ends the rest (see above) and ends run().
   void stop();
 
   struct Impl;  // public only so that server.cc's helpers can name it

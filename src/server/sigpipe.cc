@@ -15,9 +15,4 @@ SigpipeBlock::SigpipeBlock() {
 
 SigpipeBlock::~SigpipeBlock() { pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
 
-// sigaction fails only for an invalid signal or handler.
-SavedSigpipeDisposition::SavedSigpipeDisposition() { sigaction(SIGPIPE, nullptr, &saved_); }
-
-void SavedSigpipeDisposition::restore() const { sigaction(SIGPIPE, &saved_, nullptr); }
-
 }  // namespace dsv4::server

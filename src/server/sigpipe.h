@@ -1,13 +1,10 @@
 // Writing to sockets without touching the process's SIGPIPE disposition.
 //
-// A write to a socket whose peer has gone raises SIGPIPE, which ends the process by default.
-// cpp-httplib, as Debian builds it, sends without MSG_NOSIGNAL, and its Server constructor sets
-// SIGPIPE to ignored for the whole process; a library must not decide for the whole process how
-// every other file descriptor behaves. So the server puts SIGPIPE's disposition back right after
-// constructing httplib's server (SavedSigpipeDisposition), and keeps SIGPIPE blocked on the
-// threads it starts for HTTP work, and only there: a write to a closed peer then fails with
-// EPIPE, as httplib expects; the signal stays pending on that thread, blocked, and is never
-// delivered.
+// A write to a socket whose peer has gone raises SIGPIPE, which ends the process by default; a
+// library must not decide for the whole process how every other file descriptor behaves. Asio
+// sends with MSG_NOSIGNAL, and the server also keeps SIGPIPE blocked on the threads it starts
+// for HTTP work, and only there: a write to a closed peer then fails with EPIPE; the signal
+// stays pending on that thread, blocked, and is never delivered.
 #pragma once
 
 #include <signal.h>
@@ -27,17 +24,6 @@ class SigpipeBlock {
 
  private:
   sigset_t previous_;
-};
-
-// SIGPIPE's disposition when constructed; restore() sets it again. (Another thread changing it
-// in between loses that change: construct and restore close together.)
-class SavedSigpipeDisposition {
- public:
-  SavedSigpipeDisposition();
-  void restore() const;
-
- private:
-  struct sigaction saved_ {};
 };
 
 // Calls `start` (which starts threads: a thread pool, a std::thread) with SIGPIPE blocked on

@@ -110,6 +110,18 @@ TEST(Engine, ARequestTooLongForTheCacheFailsAlone) {
 
   EXPECT_EQ(results[huge].last.finish_reason, FinishReason::kError);
   EXPECT_NE(results[huge].last.error.find("KV cache"), std::string::npos) << results[huge].last.error;
+  EXPECT_EQ(results[huge].last.error_kind, RequestErrorKind::kCacheCapacity);
+  EXPECT_EQ(results[grows].last.error_kind, RequestErrorKind::kCacheCapacity);
+  // A server would refuse this cache at startup: it cannot hold one max_model_len sequence.
+  try {
+    engine.require_cache_for_max_model_len();
+    ADD_FAILURE() << "a cache smaller than one max_model_len sequence was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("at most " + std::to_string(limit) + " tokens"), std::string::npos) << e.what();
+  }
+  RecordingExecutor roomy_ex;
+  Engine roomy(roomy_ex, engine_config(256, 16, pages_for(roomy_ex.cache_spec(), 4096, 1)));
+  EXPECT_NO_THROW(roomy.require_cache_for_max_model_len());
   EXPECT_TRUE(results[huge].tokens.empty());
   EXPECT_EQ(results[grows].last.finish_reason, FinishReason::kError);
   EXPECT_GT(results[grows].tokens.size(), 0u);
@@ -136,6 +148,8 @@ TEST(Engine, MaxModelLenBoundsPromptAndOutput) {
   EXPECT_EQ(results[full].last.finish_reason, FinishReason::kError);
   EXPECT_EQ(results[over].last.finish_reason, FinishReason::kError);
   EXPECT_NE(results[over].last.error.find("max_model_len"), std::string::npos);
+  EXPECT_EQ(results[full].last.error_kind, RequestErrorKind::kContextLength);
+  EXPECT_EQ(results[over].last.error_kind, RequestErrorKind::kContextLength);
   EXPECT_EQ(results[fill].last.finish_reason, FinishReason::kLength);
   EXPECT_EQ(results[fill].tokens.size(), 10u);
   // Malformed input is refused at once.

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <fcntl.h>
-#include <httplib.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -18,6 +17,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "http_client.h"
 
 extern char** environ;
 
@@ -99,7 +100,7 @@ class ServerProcess {
       if (wait_exit(pid_, 0ms) || std::chrono::steady_clock::now() > deadline) return false;
       std::this_thread::sleep_for(20ms);
     }
-    httplib::Client client("127.0.0.1", port_);
+    HttpClient client("127.0.0.1", port_);
     client.set_connection_timeout(1);
     client.set_read_timeout(2);
     while (std::chrono::steady_clock::now() < deadline) {
@@ -126,6 +127,8 @@ class ServerProcess {
   }
 
   bool alive() const { return pid_ > 0 && kill(pid_, 0) == 0; }
+  pid_t pid() const { return pid_; }
+  void forget() { pid_ = -1; }  // the caller has reaped the process
   int port() const { return port_; }
   std::string log() const { return read_file(log_); }
 
@@ -137,24 +140,19 @@ class ServerProcess {
 
 struct StreamResult {
   int status = 0;
-  httplib::Error error = httplib::Error::Success;
+  HttpError error = HttpError::Success;
   std::vector<Json> events;  // parsed data: lines, [DONE] excluded
   bool done = false;         // saw data: [DONE]
   std::string raw;
 };
 
 // POSTs `body` and reads the SSE stream; `on_event` may return false to hang up.
-inline StreamResult post_stream(httplib::Client& client, const std::string& path, const Json& body,
+inline StreamResult post_stream(HttpClient& client, const std::string& path, const Json& body,
                                 const std::function<bool(const Json&)>& on_event = {}) {
   StreamResult result;
   std::string buffer;
   bool hang_up = false;
-  httplib::Request req;
-  req.method = "POST";
-  req.path = path;
-  req.body = body.dump();
-  req.set_header("Content-Type", "application/json");
-  req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+  auto receive = [&](const char* data, std::size_t n) {
     result.raw.append(data, n);
     buffer.append(data, n);
     std::size_t end;
@@ -173,11 +171,10 @@ inline StreamResult post_stream(httplib::Client& client, const std::string& path
     }
     return !hang_up;
   };
-  httplib::Response res;
-  httplib::Error error = httplib::Error::Success;
-  client.send(req, res, error);
-  result.status = res.status;
-  result.error = error;
+  HttpResult res = client.send("POST", path, body.dump(), "application/json", {}, receive);
+  result.error = res.error();
+  if (res) result.status = res->status;
+  if (!res && result.error == HttpError::Canceled) result.status = 200;  // hung up mid-stream
   return result;
 }
 

@@ -1,5 +1,5 @@
 // End-to-end tests of `dsv4 serve`: one real server process on 127.0.0.1 (a free port) over a
-// tiny synthetic model made in a temp dir, driven with httplib clients. Every loop is bounded
+// tiny synthetic model made in a temp dir, driven with the raw-socket clients of http_client.h. Every loop is bounded
 // in count and time.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -67,8 +67,8 @@ class ServerHttp : public ::testing::Test {
     ASSERT_TRUE(server_->alive()) << "the server died:\n" << server_->log();
   }
 
-  static std::unique_ptr<httplib::Client> client(int read_timeout_s = 30, bool with_key = true) {
-    auto c = std::make_unique<httplib::Client>("127.0.0.1", server_->port());
+  static std::unique_ptr<HttpClient> client(int read_timeout_s = 30, bool with_key = true) {
+    auto c = std::make_unique<HttpClient>("127.0.0.1", server_->port());
     c->set_connection_timeout(5);
     c->set_read_timeout(read_timeout_s);
     c->set_write_timeout(10);
@@ -76,10 +76,10 @@ class ServerHttp : public ::testing::Test {
     return c;
   }
 
-  static Json post_json(httplib::Client& c, const std::string& path, const Json& body, int* status = nullptr) {
+  static Json post_json(HttpClient& c, const std::string& path, const Json& body, int* status = nullptr) {
     auto res = c.Post(path, body.dump(), "application/json");
     if (!res) {
-      ADD_FAILURE() << "POST " << path << " failed: " << httplib::to_string(res.error());
+      ADD_FAILURE() << "POST " << path << " failed: " << to_string(res.error());
       return Json();
     }
     if (status) *status = res->status;
@@ -428,7 +428,7 @@ TEST_F(ServerHttp, BoundedLoad) {
         } else {
           auto res = c->Post("/v1/completions", body.dump(), "application/json");
           if (!res) {
-            failure = "request error " + httplib::to_string(res.error());
+            failure = "request error " + to_string(res.error());
           } else if (res->status != 200) {
             failure = "status " + std::to_string(res->status) + ": " + res->body;
           } else if (Json::parse(res->body)["usage"]["completion_tokens"] != 2) {
@@ -497,7 +497,7 @@ TEST_F(ServerHttp, BadInputsGetOpenAiErrors) {
   for (const BadRequest& bad : cases) {
     SCOPED_TRACE(bad.name);
     auto res = c->Post(bad.path, bad.body, "application/json");
-    ASSERT_TRUE(res) << httplib::to_string(res.error());
+    ASSERT_TRUE(res) << to_string(res.error());
     EXPECT_EQ(res->status, bad.status) << res->body;
     const Json j = Json::parse(res->body, nullptr, false);
     expect_error_object(j);
@@ -537,7 +537,8 @@ TEST_F(ServerHttp, BadInputsGetOpenAiErrors) {
 }
 
 // A second server, configured from environment variables, stopped with SIGTERM while clients
-// are streaming: the streams end, the process exits 0.
+// are streaming, with no grace (--shutdown-timeout 0): each stream is cut short cleanly (an
+// error event, then [DONE]), the process exits 0.
 TEST(ServerShutdown, EnvironmentFlagsAndSigtermWithActiveStreams) {
   char pattern[] = "/tmp/dsv4_server_test_XXXXXX";
   ASSERT_NE(mkdtemp(pattern), nullptr);
@@ -548,14 +549,14 @@ TEST(ServerShutdown, EnvironmentFlagsAndSigtermWithActiveStreams) {
   setenv("DSV4_SERVED_MODEL_NAME", "env-model", 1);
   setenv("DSV4_MAX_MODEL_LEN", "300", 1);
   ServerProcess server;
-  const bool started = server.start(DSV4_SERVE_BINARY, {"--model", model, "--threads", "1", "--cache-gb", "0.1"},
+  const bool started = server.start(DSV4_SERVE_BINARY, {"--model", model, "--threads", "1", "--cache-gb", "0.1", "--shutdown-timeout", "0"},
                                     dir / "server.log");
   unsetenv("DSV4_API_KEY");
   unsetenv("DSV4_SERVED_MODEL_NAME");
   unsetenv("DSV4_MAX_MODEL_LEN");
   ASSERT_TRUE(started) << server.log();
 
-  httplib::Client c("127.0.0.1", server.port());
+  HttpClient c("127.0.0.1", server.port());
   c.set_read_timeout(30);
   auto res = c.Get("/v1/models");
   ASSERT_TRUE(res);
@@ -574,7 +575,7 @@ TEST(ServerShutdown, EnvironmentFlagsAndSigtermWithActiveStreams) {
   std::vector<std::thread> threads;
   for (int i = 0; i < kClients; ++i) {
     threads.emplace_back([&, i] {
-      httplib::Client client("127.0.0.1", server.port());
+      HttpClient client("127.0.0.1", server.port());
       client.set_read_timeout(30);
       client.set_bearer_token_auth("env-key");
       Json body = {{"prompt", "endless " + std::to_string(i)}, {"max_tokens", 250}, {"ignore_eos", true}, {"stream", true}};
@@ -595,7 +596,11 @@ TEST(ServerShutdown, EnvironmentFlagsAndSigtermWithActiveStreams) {
   EXPECT_EQ(server.stop(20s), 0) << server.log();
   EXPECT_LT(std::chrono::steady_clock::now() - stop_start, 15s);
   for (auto& t : threads) t.join();
-  for (const StreamResult& r : results) EXPECT_FALSE(r.done);  // cut short, not completed
+  for (const StreamResult& r : results) {  // cut short, not completed, and ended cleanly
+    EXPECT_TRUE(r.done) << r.raw;
+    ASSERT_FALSE(r.events.empty());
+    EXPECT_EQ(r.events.back()["error"]["code"], "server_shutting_down") << r.raw;
+  }
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
 }

@@ -2,7 +2,8 @@
 // loaded, a failed load ends run() with the loader's error, and SIGPIPE is handled on the
 // server's own threads without changing the process's disposition.
 #include <gtest/gtest.h>
-#include <httplib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -16,11 +17,13 @@
 #include "common/error.h"
 #include "server/server.h"
 #include "server/sigpipe.h"
+#include "http_client.h"
 
 namespace dsv4::server {
 namespace {
 
 using namespace std::chrono_literals;
+using test::HttpClient;
 
 TEST(ServerLifecycle, Health503WhileLoadingThenLoadFailureEndsRun) {
   std::promise<void> release;
@@ -43,11 +46,11 @@ TEST(ServerLifecycle, Health503WhileLoadingThenLoadFailureEndsRun) {
   });
   auto port_future = port.get_future();
   ASSERT_EQ(port_future.wait_for(10s), std::future_status::ready);
-  httplib::Client c("127.0.0.1", port_future.get());
+  HttpClient c("127.0.0.1", port_future.get());
   c.set_read_timeout(5);
   for (const char* path : {"/health", "/v1/models"}) {
     auto res = c.Get(path);
-    ASSERT_TRUE(res) << path;
+    ASSERT_TRUE(res) << path << ": " << test::to_string(res.error());
     EXPECT_EQ(res->status, 503) << path;
     const auto j = nlohmann::json::parse(res->body, nullptr, false);
     EXPECT_TRUE(j.contains("error")) << res->body;
@@ -82,8 +85,19 @@ TEST(ServerLifecycle, StopBeforeReadyReturns) {
 }
 
 TEST(ServerLifecycle, PortInUseIsAnError) {
-  httplib::Server other;
-  const int port = other.bind_to_any_port("127.0.0.1");
+  // Another listener holds a port (with SO_REUSEADDR, as a server would).
+  const int other = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(other, 0);
+  int yes = 1;
+  setsockopt(other, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(other, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(other, 4), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(other, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
   ASSERT_GT(port, 0);
   ServerOptions options;
   options.port = port;
@@ -99,6 +113,7 @@ TEST(ServerLifecycle, PortInUseIsAnError) {
     EXPECT_NE(std::string(e.what()).find("cannot bind"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(loaded);
+  close(other);
 }
 
 bool sigpipe_blocked_here() {
@@ -114,7 +129,7 @@ void (*sigpipe_handler())(int) {
 }
 
 // SIGPIPE's default disposition (the process ends) for a test's duration, whatever an earlier
-// test in this program left (a bare httplib::Server sets it to ignored).
+// test in this program left.
 class DefaultSigpipe {
  public:
   DefaultSigpipe() {
@@ -152,8 +167,7 @@ TEST(ServerSignals, ThreadsStartedWithSigpipeBlockedSurviveAClosedPeer) {
   EXPECT_EQ(write_errno, EPIPE);
 }
 
-// Serving does not change what SIGPIPE does to the rest of the process (cpp-httplib's server
-// sets it to ignored when constructed; the server puts it back).
+// Serving does not change what SIGPIPE does to the rest of the process.
 TEST(ServerSignals, RunLeavesTheSigpipeDispositionAlone) {
   DefaultSigpipe default_sigpipe;
   ServerOptions options;
@@ -169,7 +183,7 @@ TEST(ServerSignals, RunLeavesTheSigpipeDispositionAlone) {
   });
   auto port_future = port.get_future();
   ASSERT_EQ(port_future.wait_for(10s), std::future_status::ready);
-  httplib::Client c("127.0.0.1", port_future.get());
+  HttpClient c("127.0.0.1", port_future.get());
   c.Get("/health");  // served on a handler thread
   runner.join();
   EXPECT_EQ(sigpipe_handler(), SIG_DFL);
