@@ -225,11 +225,7 @@ struct Server::Impl {
       std::string chat_text;
       std::string_view text;
       if (r.endpoint == Endpoint::kChat) {
-        ChatOptions chat;
-        chat.thinking = r.thinking;
-        chat.add_generation_prompt = r.add_generation_prompt;
-        chat.continue_final_message = r.continue_final_message;
-        chat_text = render_chat_prompt(r.messages, r.tools, chat);
+        chat_text = render_chat_prompt(r.messages, r.tools, chat_options(r));
         text = chat_text;
       } else if (r.prompt_text) {
         text = *r.prompt_text;

@@ -261,6 +261,31 @@ TEST_F(ServerHttp, ChatCompletion) {
   for (const Json& e : r.events) EXPECT_EQ(e["object"], "chat.completion.chunk");
 }
 
+// reasoning_effort reaches the encoder: in thinking mode high and max put their texts before the
+// first message (more prompt tokens than low); in chat mode it adds nothing.
+TEST_F(ServerHttp, ChatReasoningEffortReachesThePrompt) {
+  auto c = client();
+  auto prompt_tokens = [&](bool thinking, const char* effort) {
+    Json body = {{"model", kModel},
+                 {"messages", {{{"role", "user"}, {"content", "Hello!"}}}},
+                 {"max_tokens", 1},
+                 {"chat_template_kwargs", {{"thinking", thinking}}}};
+    if (effort != nullptr) body["reasoning_effort"] = effort;
+    int status = 0;
+    const Json j = post_json(*c, "/v1/chat/completions", body, &status);
+    EXPECT_EQ(status, 200) << j;
+    return j["usage"]["prompt_tokens"].get<int>();
+  };
+  const int low = prompt_tokens(true, "low");
+  EXPECT_EQ(prompt_tokens(true, nullptr), low);
+  const int high = prompt_tokens(true, "high");
+  const int max = prompt_tokens(true, "max");
+  EXPECT_GT(high, low);
+  EXPECT_GT(max, low);
+  EXPECT_NE(high, max);
+  EXPECT_EQ(prompt_tokens(false, "max"), prompt_tokens(false, "low"));
+}
+
 TEST_F(ServerHttp, CompletionLogprobs) {
   auto c = client();
   Json body = completion_body("Logprobs please", 5);
