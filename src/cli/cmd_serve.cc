@@ -31,6 +31,7 @@ struct ServeOptions {
   std::size_t max_request_body_bytes = 4u << 20;
   int http_threads = 0;
   int max_connections = 4096;
+  std::size_t max_buffered_body_bytes = 256u << 20;
   double header_timeout = 10;
   double body_timeout = 30;
   double keep_alive_timeout = 5;
@@ -49,6 +50,7 @@ void run_serve(const ServeOptions& o) {
   options.max_body_bytes = o.max_request_body_bytes;
   options.http_threads = o.http_threads;
   options.max_connections = o.max_connections;
+  options.max_buffered_body_bytes = o.max_buffered_body_bytes;
   options.header_timeout_s = o.header_timeout;
   options.body_timeout_s = o.body_timeout;
   options.keep_alive_timeout_s = o.keep_alive_timeout;
@@ -127,6 +129,11 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-request-body-bytes", o->max_request_body_bytes, "larger request bodies get 413 (default 4 MiB)")
       ->check(CLI::PositiveNumber)
       ->envname("DSV4_MAX_REQUEST_BODY_BYTES");
+  cmd->add_option("--max-buffered-body-bytes", o->max_buffered_body_bytes,
+                  "request bodies held at once (being read or parsed), by declared length, chunked ones at the body "
+                  "limit; a body beyond it gets 503 (default 256 MiB, at least --max-request-body-bytes)")
+      ->check(CLI::PositiveNumber)
+      ->envname("DSV4_MAX_BUFFERED_BODY_BYTES");
   cmd->add_option("--http-threads", o->http_threads,
                   "threads running the event-driven HTTP front end; connections cost no thread (default 2)")
       ->check(CLI::NonNegativeNumber)

@@ -34,6 +34,7 @@
 #include <unordered_map>
 
 #include "common/error.h"
+#include "server/byte_budget.h"
 #include "server/connection_probe.h"
 #include "server/http_wire.h"
 #include "server/metrics.h"
@@ -120,6 +121,7 @@ struct Server::Impl {
   std::uint64_t next_session = 0;
   std::size_t max_connections = 4096;
   std::atomic<int> pending_prepares{0};
+  ByteBudget body_budget;  // the request bodies held at once (being read, waiting for or in parsing)
   std::atomic<int> lingering{0};  // refused connections being drained
 
   // Declared last: destroyed first, with the handlers they still hold.
@@ -132,7 +134,10 @@ struct Server::Impl {
   bool grace_over = false;        // on accept_strand
 
   Impl(ServerOptions o, std::function<LoadedModel()> l)
-      : options(std::move(o)), load(std::move(l)), metrics(served_name()) {
+      : options(std::move(o)),
+        load(std::move(l)),
+        metrics(served_name()),
+        body_budget(std::max(options.max_buffered_body_bytes, options.max_body_bytes)) {
     std::random_device rd;
     id_prefix = fmt::format("{:08x}", rd());
   }
@@ -602,6 +607,13 @@ class Session : public std::enable_shared_from_this<Session> {
       return refuse({refusal->status, refusal->message, {}, {}, refusal->code}, has_body || refusal->status == 400);
     }
     if (parser_->is_done()) return dispatch();
+    // The body's bytes (a chunked one's at the limit) come out of the server-wide allowance
+    // before any is read: many connections each sending a legal body cannot add up to more.
+    body_lease_ = server_.body_budget.take(framing.content_length.value_or(server_.options.max_body_bytes));
+    if (!body_lease_) {
+      return refuse({503, "The server is holding too many request bodies; retry shortly.", {}, {}, "server_busy"},
+                    /*unread_body=*/true, {{"Retry-After", "1"}});
+    }
     if (beast::iequals(req[http::field::expect], "100-continue")) {
       write_raw("HTTP/1.1 100 Continue\r\n\r\n", [](Session& s) { s.read_body(); });
       return;
@@ -651,6 +663,8 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // --- answering ---
   void dispatch() {
+    // Held until the body is parsed (generation routes) or answered (the others).
+    ByteBudget::Lease lease = std::move(body_lease_);
     switch (route_) {
       case Route::kHealth:
         if (server_.ready && !server_.stopping) return respond(200, "", "");
@@ -676,18 +690,20 @@ class Session : public std::enable_shared_from_this<Session> {
     }
     state_ = State::kPreparing;
     const Endpoint endpoint = route_ == Route::kChat ? Endpoint::kChat : Endpoint::kCompletions;
-    asio::post(*server_.prepare_pool, [self = shared_from_this(), body = std::move(parser_->get().body()), endpoint]() mutable {
-      self->prepare(std::move(body), endpoint);
+    asio::post(*server_.prepare_pool, [self = shared_from_this(), body = std::move(parser_->get().body()), endpoint,
+                                       lease = std::move(lease)]() mutable {
+      self->prepare(std::move(body), endpoint, std::move(lease));
     });
   }
 
   // On a prepare thread: the body to a submitted Job, or an error.
-  void prepare(std::string body, Endpoint endpoint) {
+  void prepare(std::string body, Endpoint endpoint, ByteBudget::Lease body_lease) {
     std::shared_ptr<Job> job;
     std::optional<ApiError> error;
     try {
       ApiRequest api = parse_api_request(body, endpoint, server_.limits);
       std::string().swap(body);
+      body_lease.reset();
       if (!api.model.empty() && !server_.serves(api.model)) {
         throw_api_error(404, fmt::format("The model `{}` does not exist.", api.model), "model", "model_not_found");
       }
@@ -869,6 +885,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::uint64_t deadline_gen_ = 0;
   bool timed_out_ = false;
   std::optional<http::request_parser<http::string_body>> parser_;
+  ByteBudget::Lease body_lease_;  // the body being read
   std::uint64_t id_ = 0;
   std::string peer_;
   State state_ = State::kReading;

@@ -43,6 +43,9 @@ struct ServerOptions {
   std::size_t max_body_bytes = 4u << 20;    // larger request bodies get 413 (decoded: chunked counts its data)
   std::size_t max_header_bytes = 64u << 10; // request line + header fields; more gets 431
   std::size_t max_header_fields = 100;      // more header fields get 431
+  std::size_t max_buffered_body_bytes = 256u << 20;  // request bodies being read or parsed at once, counted by
+                                            // their declared length (a chunked body: max_body_bytes); a body
+                                            // that does not fit gets 503; at least max_body_bytes
   int http_threads = 0;                     // threads running the io_context; 0: 2
   int max_connections = 0;                  // open connections; more get 503 and are closed; 0: 4096
                                             // (at most the file-descriptor limit less 64)

@@ -25,6 +25,7 @@ constexpr const char* kModel = "tiny-hard";
 constexpr int kMaxModelLen = 512;
 constexpr std::size_t kMaxBody = 64 * 1024;
 constexpr int kMaxConnections = 200;
+constexpr std::size_t kMaxBufferedBodies = 3;  // --max-buffered-body-bytes, in full bodies
 
 std::chrono::milliseconds ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t);
@@ -64,7 +65,8 @@ class ServerHardening : public ::testing::Test {
         DSV4_SERVE_BINARY,
         {"--model", (*dir_ / "model").string(), "--served-model-name", kModel, "--max-model-len",
          std::to_string(kMaxModelLen), "--max-num-seqs", "4", "--max-num-batched-tokens", "512", "--threads", "1",
-         "--cache-gb", "0.1", "--max-request-body-bytes", std::to_string(kMaxBody), "--http-header-timeout", "2",
+         "--cache-gb", "0.1", "--max-request-body-bytes", std::to_string(kMaxBody), "--max-buffered-body-bytes",
+         std::to_string(kMaxBufferedBodies * kMaxBody), "--http-header-timeout", "2",
          "--http-body-timeout", "2", "--timeout-keep-alive", "1", "--max-connections",
          std::to_string(kMaxConnections)},
         *dir_ / "server.log");
@@ -156,6 +158,33 @@ TEST_F(ServerHardening, ChunkedBodyIsCappedOnDecodedBytes) {
   const HttpResult ok = exchange(fmt::format(
       "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{}\r\n{:x}\r\n{}\r\n0\r\n\r\n",
       half1.size(), half1, half2.size(), half2));
+  ASSERT_TRUE(ok) << to_string(ok.error());
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+// Defect 3: the bodies held at once are bounded server-wide (by their declared lengths), so
+// many connections each sending a legal body cannot add up: the next body gets 503 before
+// any of it is read, and the allowance comes back when the holders go.
+TEST_F(ServerHardening, BodiesHeldAtOnceAreBounded) {
+  std::vector<RawConnection> holders;
+  for (std::size_t i = 0; i < kMaxBufferedBodies; ++i) {
+    holders.emplace_back(port());
+    ASSERT_TRUE(holders.back().ok());
+    // A full-size body announced, a few bytes of it sent: the rest never comes.
+    ASSERT_TRUE(holders.back().send(post_head("/v1/completions", kMaxBody) + "{\"pro"));
+  }
+  std::this_thread::sleep_for(300ms);  // every head read
+  const std::string body = completion(1);
+  const HttpResult busy = exchange(post_head("/v1/completions", body.size()) + body);
+  ASSERT_TRUE(busy) << to_string(busy.error());
+  EXPECT_EQ(busy->status, 503) << busy->body;
+  EXPECT_EQ(body_json(busy)["error"]["code"], "server_busy") << busy->body;
+  // Requests without a body are not held back.
+  expect_health_within(1000ms);
+
+  holders.clear();                     // the clients go: their allowance comes back
+  std::this_thread::sleep_for(300ms);
+  const HttpResult ok = exchange(post_head("/v1/completions", body.size()) + body);
   ASSERT_TRUE(ok) << to_string(ok.error());
   EXPECT_EQ(ok->status, 200) << ok->body;
 }
