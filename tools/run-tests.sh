@@ -17,7 +17,7 @@ cmake --build build -j"$jobs"
 if [ "$fuzz_seconds" != 0 ]; then
   cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSV4_CUDA=OFF \
         -DCMAKE_CXX_COMPILER=clang++ -DDSV4_FUZZ=ON -DDSV4_FUZZ_SECONDS="$fuzz_seconds"
-  cmake --build build-fuzz -j"$jobs" --target fuzz_config fuzz_safetensors fuzz_tokenizer fuzz_openai_request
+  cmake --build build-fuzz -j"$jobs" --target fuzz_config fuzz_safetensors fuzz_tokenizer fuzz_openai_request fuzz_chat_reply
   # Fuzz from scratch copies so the committed seed corpora stay small.
   (cd build-fuzz && ctest -L fuzz --output-on-failure)
 fi
