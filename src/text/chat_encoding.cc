@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <cstddef>
@@ -512,6 +513,20 @@ std::size_t number_token_length(std::string_view s) {
 
 bool is_integer_token(std::string_view token) { return token.find_first_of(".eE") == std::string_view::npos; }
 
+// The constants json.loads reads for non-finite floats (and json.dumps writes): the length of
+// "NaN", "Infinity" or "-Infinity" at the start of `s` when no letter, digit or '_' follows.
+std::size_t non_finite_token_length(std::string_view s) {
+  for (std::string_view name : {"NaN", "Infinity", "-Infinity"}) {
+    if (!s.starts_with(name)) continue;
+    if (s.size() > name.size()) {
+      const auto next = static_cast<unsigned char>(s[name.size()]);
+      if (std::isalnum(next) != 0 || next == '_') return 0;
+    }
+    return name.size();
+  }
+  return 0;
+}
+
 // Whether nlohmann would read `token` exactly: an integer in int64 / uint64 range.
 bool fits_64_bits(std::string_view token) {
   if (!is_integer_token(token)) return false;
@@ -560,6 +575,14 @@ void restore_numbers(OrderedJson& value, const std::vector<std::string_view>& to
   }
   if (!value.is_number_float()) return;
   const std::string_view token = tokens.at(next++);
+  if (token == "NaN") {
+    value = std::numeric_limits<double>::quiet_NaN();
+    return;
+  }
+  if (token == "Infinity" || token == "-Infinity") {
+    value = token.starts_with('-') ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
+    return;
+  }
   if (!is_integer_token(token)) {
     value = python_float(token);
     return;
@@ -621,7 +644,8 @@ std::string python_float_repr(double x) {
 OrderedJson parse_python_json(std::string_view text, std::string_view where) {
   // Number tokens that nlohmann would not read exactly (floats, and integers beyond 64 bits,
   // which it makes doubles or refuses past the double range) are set aside and replaced by
-  // "0.0" for the structural parse, then put back as Python reads them.
+  // "0.0" for the structural parse, then put back as Python reads them; so are NaN, Infinity and
+  // -Infinity, which nlohmann does not read at all.
   std::string replaced;
   std::vector<std::string_view> tokens;
   std::size_t copied = 0;
@@ -631,6 +655,15 @@ OrderedJson parse_python_json(std::string_view text, std::string_view where) {
       for (++i; i < text.size() && text[i] != '"'; ++i)
         if (text[i] == '\\') ++i;
       ++i;
+      continue;
+    }
+    // NaN / Infinity / -Infinity, as json.loads reads them (not after a '-': "-NaN" stays an error).
+    if (const std::size_t n = non_finite_token_length(text.substr(i)); n > 0 && (i == 0 || text[i - 1] != '-')) {
+      replaced.append(text.substr(copied, i - copied));
+      replaced += "0.0";
+      copied = i + n;
+      tokens.push_back(text.substr(i, n));
+      i += n;
       continue;
     }
     if (c != '-' && !is_digit(c)) {

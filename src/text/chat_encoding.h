@@ -103,8 +103,9 @@ ParsedCompletion parse_completion(std::string_view text, bool thinking);
 // json.dumps does: parsed as everywhere (json_io.h: depth limit, no repeated keys; `where`
 // names the source in errors), in document key order, except numbers: an integer beyond 64 bits
 // keeps its digits (held as a binary value), a float past the double range reads as +-inf and
-// one below it as +-0. Throws Error on what Python would not read either (and on a repeated
-// key, which Python would take).
+// one below it as +-0, and NaN / Infinity / -Infinity (which json.dumps writes) read as Python
+// reads them. Throws Error on what Python would not read either (and on a repeated key, which
+// Python would take).
 nlohmann::ordered_json parse_python_json(std::string_view text, std::string_view where);
 
 // Python's json.dumps(value, ensure_ascii=False): ", " and ": " separators, keys in the

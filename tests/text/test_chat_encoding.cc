@@ -3,6 +3,7 @@
 // completions.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -303,6 +304,21 @@ TEST(PythonJson, FloatsAsPythonRepr) {
   EXPECT_THROW(parse_python_json("[1.]", "test"), Error);
   EXPECT_THROW(parse_python_json("[-]", "test"), Error);
   EXPECT_THROW(parse_python_json(R"({"a": 1, "a": 2})", "test"), Error);
+}
+
+// json.loads reads the constants json.dumps writes for non-finite floats (NaN, Infinity,
+// -Infinity), so what python_json_dumps writes always reads back; other spellings stay errors.
+TEST(PythonJson, NonFiniteConstantsReadAsPythonReadsThem) {
+  const OrderedJson v = parse_python_json(R"({"a": [Infinity, -Infinity, NaN, "NaN Infinity"], "b": -1e400})", "test");
+  EXPECT_EQ(python_json_dumps(v), R"({"a": [Infinity, -Infinity, NaN, "NaN Infinity"], "b": -Infinity})");
+  EXPECT_TRUE(std::isinf(v["a"][0].get<double>()));
+  EXPECT_LT(v["a"][1].get<double>(), 0.0);
+  EXPECT_TRUE(std::isnan(v["a"][2].get<double>()));
+  const std::string once = python_json_dumps(parse_python_json("[1e999, 0.5, 123456789012345678901234567890]", "test"));
+  EXPECT_EQ(python_json_dumps(parse_python_json(once, "test")), once);
+  for (const char* bad : {"[+Infinity]", "[-NaN]", "[infinity]", "[Inf]", "[nan]", "[Infinityx]", "[NaN1]"}) {
+    EXPECT_THROW(parse_python_json(bad, "test"), Error) << bad;
+  }
 }
 
 TEST(PythonJson, MatchesJsonDumps) {
