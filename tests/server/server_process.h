@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "http_client.h"
+#include "text/bpe_trainer.h"
 
 extern char** environ;
 
@@ -79,6 +80,20 @@ inline int run_command(const std::vector<std::string>& argv, const std::filesyst
     return -1;
   }
   return *status;
+}
+
+// A fresh directory /tmp/PREFIX_XXXXXX holding the built-in tiny model at DIR/model (made by
+// `binary make-model`, with the tiny model's own tokenizer when make-model wrote none); empty
+// when that failed (DIR/make.log says why).
+inline std::filesystem::path make_tiny_model_dir(const std::string& binary, const std::string& prefix) {
+  std::string pattern = "/tmp/" + prefix + "_XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) return {};
+  const std::filesystem::path dir(pattern);
+  if (run_command({binary, "make-model", "--preset", "tiny", "--out", (dir / "model").string()}, dir / "make.log") != 0) {
+    return {};
+  }
+  if (!std::filesystem::exists(dir / "model" / "tokenizer.json")) write_tiny_tokenizer(dir / "model");
+  return dir;
 }
 
 // A running `dsv4 serve`: started with --port 0, its port read from its log.

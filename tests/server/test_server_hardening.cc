@@ -12,7 +12,6 @@
 #include <thread>
 
 #include "server_process.h"
-#include "text/bpe_trainer.h"
 
 #ifndef DSV4_SERVE_BINARY
 #error "DSV4_SERVE_BINARY must name the dsv4 binary"
@@ -31,17 +30,6 @@ std::chrono::milliseconds ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t);
 }
 
-// A temp dir with the tiny model and its tokenizer.
-std::filesystem::path make_model_dir() {
-  char pattern[] = "/tmp/dsv4_server_hard_XXXXXX";
-  if (mkdtemp(pattern) == nullptr) return {};
-  const std::filesystem::path dir(pattern);
-  const std::string model = (dir / "model").string();
-  if (run_command({DSV4_SERVE_BINARY, "make-model", "--preset", "tiny", "--out", model}, dir / "make.log") != 0) return {};
-  if (!std::filesystem::exists(dir / "model" / "tokenizer.json")) write_tiny_tokenizer(dir / "model");
-  return dir;
-}
-
 std::string completion(int max_tokens, const std::string& prompt = "hello there", bool stream = false) {
   Json b = {{"model", kModel}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"ignore_eos", true}, {"temperature", 0}};
   if (stream) b["stream"] = true;
@@ -58,7 +46,7 @@ Json body_json(const HttpResult& r) { return r ? Json::parse(r->body, nullptr, f
 class ServerHardening : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new std::filesystem::path(make_model_dir());
+    dir_ = new std::filesystem::path(make_tiny_model_dir(DSV4_SERVE_BINARY, "dsv4_server_hard"));
     ASSERT_FALSE(dir_->empty());
     server_ = new ServerProcess();
     const bool started = server_->start(
@@ -399,7 +387,7 @@ struct OwnServer {
   }
   // A server for long streams, with this --shutdown-timeout and `extra` flags.
   bool start(const std::string& shutdown_timeout, std::vector<std::string> extra = {}) {
-    dir = make_model_dir();
+    dir = make_tiny_model_dir(DSV4_SERVE_BINARY, "dsv4_server_hard");
     if (dir.empty()) return false;
     std::vector<std::string> args{"--model", (dir / "model").string(), "--served-model-name", kModel,
                                   "--max-model-len", "4096", "--threads", "1", "--cache-gb", "0.2",
@@ -413,7 +401,7 @@ struct OwnServer {
 // the numbers.
 TEST(ServerStartup, KvCacheSmallerThanOneSequenceIsRefused) {
   OwnServer own;
-  own.dir = make_model_dir();
+  own.dir = make_tiny_model_dir(DSV4_SERVE_BINARY, "dsv4_server_hard");
   ASSERT_FALSE(own.dir.empty());
   const int status =
       run_command({DSV4_SERVE_BINARY, "serve", "--port", "0", "--model", (own.dir / "model").string(), "--max-model-len",

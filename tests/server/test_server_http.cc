@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "text/bpe_trainer.h"
 #include "server_process.h"
 
 #ifndef DSV4_SERVE_BINARY
@@ -26,14 +25,9 @@ constexpr std::size_t kMaxBody = 64 * 1024;
 class ServerHttp : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    char pattern[] = "/tmp/dsv4_server_test_XXXXXX";
-    ASSERT_NE(mkdtemp(pattern), nullptr);
-    dir_ = new std::filesystem::path(pattern);
+    dir_ = new std::filesystem::path(make_tiny_model_dir(DSV4_SERVE_BINARY, "dsv4_server_test"));
+    ASSERT_FALSE(dir_->empty()) << "make-model failed";
     const std::string model = (*dir_ / "model").string();
-    ASSERT_EQ(run_command({DSV4_SERVE_BINARY, "make-model", "--preset", "tiny", "--out", model}, *dir_ / "make.log"), 0)
-        << read_file(*dir_ / "make.log");
-    // The tiny model's own tokenizer (make-model may or may not write one).
-    if (!std::filesystem::exists(*dir_ / "model" / "tokenizer.json")) write_tiny_tokenizer(*dir_ / "model");
     server_ = new ServerProcess();
     const bool started = server_->start(DSV4_SERVE_BINARY,
                                         {"--model", model, "--served-model-name", kModel, "--api-key", kApiKey,

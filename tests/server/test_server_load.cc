@@ -11,7 +11,6 @@
 #include <thread>
 
 #include "server_process.h"
-#include "text/bpe_trainer.h"
 
 #ifndef DSV4_SERVE_BINARY
 #error "DSV4_SERVE_BINARY must name the dsv4 binary"
@@ -40,12 +39,9 @@ double percentile(std::vector<double> v, double p) {
 
 TEST(ServerLoad, HonestClientsServedAmongHostileOnes) {
   raise_fd_limit();
-  char pattern[] = "/tmp/dsv4_server_load_XXXXXX";
-  ASSERT_NE(mkdtemp(pattern), nullptr);
-  const std::filesystem::path dir(pattern);
+  const std::filesystem::path dir = make_tiny_model_dir(DSV4_SERVE_BINARY, "dsv4_server_load");
+  ASSERT_FALSE(dir.empty()) << "make-model failed";
   const std::string model = (dir / "model").string();
-  ASSERT_EQ(run_command({DSV4_SERVE_BINARY, "make-model", "--preset", "tiny", "--out", model}, dir / "make.log"), 0);
-  if (!std::filesystem::exists(dir / "model" / "tokenizer.json")) write_tiny_tokenizer(dir / "model");
   ServerProcess server;
   ASSERT_TRUE(server.start(DSV4_SERVE_BINARY,
                            {"--model", model, "--served-model-name", "load", "--max-model-len", "512", "--max-num-seqs",
