@@ -489,8 +489,10 @@ void CudaExecutor::launch(const StepPlan& plan) {
   bool decode = n_mtp == 0 && inspector_ == nullptr && options_.cuda_graphs && !simulated() && T <= kMaxGraphBucket;
   for (std::int64_t r = 0; decode && r < plan.num_rows(); ++r)
     decode = plan.view.token_start[static_cast<std::size_t>(r) + 1] - plan.view.token_start[static_cast<std::size_t>(r)] == 1;
-  // Decode steps pick GEMM kernels for speed; steps with prompt tokens keep the tile kernels from
-  // 17 rows on, so a prompt's logits do not depend on how it is chunked (GemmPath).
+  // Decode steps pick GEMM kernels for speed; steps with prompt tokens take cuBLASLt's
+  // block-scaled product for dense fp8 weights (else the tile kernels) from 17 rows on (GemmPath).
+  // cuBLASLt may pick another algorithm for another row count, so a prompt chunked differently
+  // can differ in summation order (tests/cuda PathsAgreeOnTheGpu bounds it).
   gemm_path_ = decode ? GemmPath::kAuto : GemmPath::kAutoPrefill;
   std::int32_t bucket = 1;
   while (bucket < T) bucket *= 2;

@@ -492,6 +492,20 @@ void check_supported(const ModelConfig& c) {
   if (c.num_attention_heads * c.head_dim % c.o_groups != 0) fail("GPU executor: heads * head_dim not divisible by o_groups");
 }
 
+// The routed experts' fp4 weights arrive in checkpoint order; the products read the GPU layout
+// (gemm.h fp4_to_gpu_layout). Run once the uploads are done.
+void fp4_experts_to_gpu_layout(const ModelConfig& config, GpuModelWeights& m) {
+  Stream stream;
+  auto convert = [&](const GpuBlockWeights& b) {
+    for (const DeviceWeight* w : {&b.experts_w13, &b.experts_w2})
+      if (w->format == WeightFormat::kFp4 && w->data != nullptr)
+        fp4_to_gpu_layout(const_cast<void*>(w->data), config.n_routed_experts * w->n, w->k, stream.handle());
+  };
+  for (const GpuBlockWeights& b : m.blocks) convert(b);
+  for (const GpuMtpWeights& t : m.mtp) convert(t.block);
+  stream.synchronize();
+}
+
 GpuModelWeights build(const ModelConfig& config, Source* source, std::int64_t budget_bytes) {
   check_supported(config);
   GpuModelWeights m;
@@ -523,6 +537,7 @@ GpuModelWeights GpuModelWeights::load(const ModelConfig& config, const Checkpoin
   CheckpointSource source(bound, stager);
   GpuModelWeights m = build(config, &source, budget_bytes);
   stager.finish();
+  fp4_experts_to_gpu_layout(config, m);
   return m;
 }
 
@@ -530,6 +545,7 @@ GpuModelWeights GpuModelWeights::dummy(const ModelConfig& config, std::uint64_t 
   DummySource source(config, seed);
   GpuModelWeights m = build(config, &source, budget_bytes);
   source.finish();
+  fp4_experts_to_gpu_layout(config, m);
   return m;
 }
 

@@ -8,6 +8,7 @@
 // This file: GEMMs, residual-stream kernels, MoE. test_gpu_ops_cache.cc: the kernels that read
 // or write the paged KV cache (q/kv finish, compressor, indexer, attention).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,7 +37,14 @@ using gpu::WeightFormat;
 const std::vector<std::int64_t> kRows = {1, 2, 7, 8, 9, 16, 17, 127, 128, 129, 130};
 
 const char* fmt_name(WeightFormat f) { return f == WeightFormat::kFp8 ? "fp8" : f == WeightFormat::kFp4 ? "fp4" : "bf16"; }
-const char* path_name(GemmPath p) { return p == GemmPath::kFewRows ? "few-rows" : p == GemmPath::kTiles ? "tiles" : "auto"; }
+const char* path_name(GemmPath p) {
+  switch (p) {
+    case GemmPath::kFewRows: return "few-rows";
+    case GemmPath::kTiles: return "tiles";
+    case GemmPath::kLibrary: return "cublaslt";
+    default: return "auto";
+  }
+}
 
 // Quantizes one row the way linear() feeds an fp8 / fp4 GEMM: blocks of 128, the last shorter.
 void quantize_row_ref(std::span<const float> x, std::vector<std::uint8_t>& codes, std::vector<float>& scales) {
@@ -135,8 +143,12 @@ struct GemmShape {
 };
 
 TEST(GpuOps, GemmQuantized) {
+  // n a multiple of 128 and k of 512 (1024 x 2048) also run cuBLASLt's block-scaled product
+  // (GemmPath::kLibrary) where the build has it and it has an algorithm for the row count.
   const std::vector<GemmShape> shapes = small() ? std::vector<GemmShape>{{160, 256}, {64, 96}, {136, 416}, {48, 32}, {128, 128}}
-                                              : std::vector<GemmShape>{{160, 256}, {64, 96}, {136, 416}, {48, 32}, {128, 128}, {1056, 2176}, {4160, 1024}};
+                                              : std::vector<GemmShape>{{160, 256}, {64, 96}, {136, 416}, {48, 32}, {128, 128}, {1056, 2176}, {4160, 1024}, {1024, 2048}};
+  std::int64_t library_runs = 0;
+  std::vector<std::string> library_refused;
   for (WeightFormat f : {WeightFormat::kFp8, WeightFormat::kFp4}) {
     for (const GemmShape& sh : shapes) {
       std::mt19937_64 rng(seed_of({2, static_cast<std::int64_t>(f), sh.n, sh.k}));
@@ -170,10 +182,22 @@ TEST(GpuOps, GemmQuantized) {
         DevArray<float> scales(static_cast<std::size_t>(rows * ((sh.k + 127) / 128)));
         gpu::quantize_activations(dx.get(), sh.k, rows, sh.k, codes.get(), scales.get(), nullptr, st());
         const gpu::QuantizedRows qa{codes.get(), scales.get(), sh.k};
-        for (GemmPath path : {GemmPath::kFewRows, GemmPath::kTiles}) {
+        for (GemmPath path : {GemmPath::kFewRows, GemmPath::kTiles, GemmPath::kLibrary}) {
           // bf16 output with a padded row stride (the padding must stay poisoned)
           const std::int64_t ld = sh.n + 8;
           DevArray<std::uint16_t> out(static_cast<std::size_t>(rows * ld));
+          if (path == GemmPath::kLibrary) {
+            if (!gpu::gemm_library_supports(rows, gw.w, gpu::GemmOutput{out.get(), ld, false})) {
+              if (f == WeightFormat::kFp8 && sh.n % 128 == 0 && sh.k % 512 == 0) {
+                if (library_refused.empty()) std::printf("[gemm] cuBLASLt refused %lld rows x n %lld x k %lld: %s\n",
+                                                         static_cast<long long>(rows), static_cast<long long>(sh.n),
+                                                         static_cast<long long>(sh.k), gpu::gemm_library_refusal().c_str());
+                library_refused.push_back(fmt::format("{}x{}x{}", rows, sh.n, sh.k));
+              }
+              continue;
+            }
+            ++library_runs;
+          }
           gpu::gemm_quantized(qa, rows, gw.w, gpu::GemmOutput{out.get(), ld, false}, nullptr, st(), path);
           const auto got_bits = out.download();
           std::vector<float> got(ref.size());
@@ -215,6 +239,89 @@ TEST(GpuOps, GemmQuantized) {
       sweep.flush("rows 1..130 x11 (f32: 9, 130)");
     }
   }
+  std::printf("[gemm] cuBLASLt block-scaled product: %lld cases run; refused (rows x n x k): %s\n", static_cast<long long>(library_runs),
+              library_refused.empty() ? "none" : fmt::format("{}", fmt::join(library_refused, " ")).c_str());
+  if (!sim()) {
+    // The real build links cuBLASLt: its path must have run (a silent fallback would hide it).
+    EXPECT_GT(library_runs, 0);
+  }
+}
+
+// cuBLASLt's block-scaled product (GemmPath::kLibrary) with a power-of-two scale of its own for
+// every activation row and 128-block and every 128 x 128 weight block, so a scale read from the
+// wrong place shows; row counts that are and are not multiples of 8, against cpu linear.
+TEST(GpuOps, GemmLibraryScales) {
+  if (sim()) GTEST_SKIP() << "the simulator build has no cuBLASLt";
+  struct Case {
+    std::int64_t n, k;
+    std::vector<std::int64_t> rows;
+  };
+  std::int64_t runs = 0;
+  std::vector<std::string> refused;
+  for (const Case& c : {Case{256, 512, {4, 8, 12, 24, 300, 1000}}, Case{1024, 2048, {8, 24, 300}}}) {
+    std::mt19937_64 rng(seed_of({43, c.n, c.k}));
+    TestWeight tw = make_weight(WeightFormat::kFp8, c.n, c.k, 0.05f, rng);
+    const std::int64_t kbw = (c.k + 127) / 128;
+    for (std::int64_t bi = 0; bi * 128 < c.n; ++bi) {
+      for (std::int64_t bk = 0; bk < kbw; ++bk) {
+        const int j = static_cast<int>((bi * 3 + bk * 5) % 7) - 3;
+        const auto i = static_cast<std::size_t>(bi * kbw + bk);
+        tw.scales_u8[i] = static_cast<std::uint8_t>(tw.scales_u8[i] + j);
+        tw.scales_f32[i] = std::ldexp(tw.scales_f32[i], j);
+        for (std::int64_t o = bi * 128; o < std::min(c.n, (bi + 1) * 128); ++o)
+          for (std::int64_t kk = bk * 128; kk < std::min(c.k, (bk + 1) * 128); ++kk)
+            tw.values[static_cast<std::size_t>(o * c.k + kk)] = std::ldexp(tw.values[static_cast<std::size_t>(o * c.k + kk)], j);
+      }
+    }
+    const DenseWeight dw = tw.dense();
+    DevWeight gw = upload_weight(tw);
+    Sweep sweep;
+    for (std::int64_t rows : c.rows) {
+      std::vector<float> x = bf16_activations(static_cast<std::size_t>(rows * c.k), 1.0f, rng);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t kk = 0; kk < c.k; ++kk)
+          x[static_cast<std::size_t>(r * c.k + kk)] = std::ldexp(x[static_cast<std::size_t>(r * c.k + kk)], static_cast<int>((r * 7 + (kk / 128) * 3) % 9) - 4);
+      std::vector<float> ref(static_cast<std::size_t>(rows * c.n));
+      linear(x, rows, dw, ref, cpu_pool());
+      std::vector<double> mag(ref.size());
+      cpu_pool()->parallel_for(0, rows, [&](std::int64_t r) {
+        std::vector<float> xs(x.begin() + r * c.k, x.begin() + (r + 1) * c.k);
+        fp8_simulate_activation(xs);
+        for (std::int64_t o = 0; o < c.n; ++o) {
+          double m = 0;
+          for (std::int64_t kk = 0; kk < c.k; ++kk)
+            m += std::fabs(static_cast<double>(xs[static_cast<std::size_t>(kk)]) * tw.values[static_cast<std::size_t>(o * c.k + kk)]);
+          mag[static_cast<std::size_t>(r * c.n + o)] = m;
+        }
+      });
+      DevArray<std::uint16_t> dx(to_bf16(x));
+      DevArray<std::uint8_t> codes(static_cast<std::size_t>(rows * c.k));
+      DevArray<float> scales(static_cast<std::size_t>(rows * kbw));
+      gpu::quantize_activations(dx.get(), c.k, rows, c.k, codes.get(), scales.get(), nullptr, st());
+      DevArray<std::uint16_t> out(ref.size());
+      const gpu::GemmOutput o{out.get(), c.n, false};
+      if (!gpu::gemm_library_supports(rows, gw.w, o)) {
+        refused.push_back(fmt::format("{}x{}x{} ({})", rows, c.n, c.k, gpu::gemm_library_refusal()));
+        continue;
+      }
+      ++runs;
+      gpu::gemm_quantized(gpu::QuantizedRows{codes.get(), scales.get(), c.k}, rows, gw.w, o, nullptr, st(), GemmPath::kLibrary);
+      const std::vector<float> got = from_bf16(out.download());
+      const ErrStats s = compare(got, ref);
+      NearCheck near;
+      for (std::size_t i = 0; i < got.size(); ++i) near.check(got[i], ref[i], mag[i], order_bound(c.k), true, static_cast<std::int64_t>(i));
+      const std::string shape = fmt::format("cublaslt rows {} n {} k {} (scales vary by row and block)", rows, c.n, c.k);
+      EXPECT_EQ(s.nonfinite, 0) << shape;
+      EXPECT_LT(s.rel_l2(), 1e-2) << shape;
+      EXPECT_EQ(near.bad, 0) << shape << ": " << near.first;
+      sweep.add("gemm_quantized", fmt::format("fp8 cublaslt n {} k {} scales varied", c.n, c.k), s, "bf16 out vs linear; <= 1 bf16 ulp + sum-order bound");
+    }
+    sweep.flush("rows " + fmt::format("{}", fmt::join(c.rows, ",")));
+  }
+  std::printf("[gemm] cuBLASLt calibration: %s\n", gpu::gemm_library_calibration().c_str());
+  std::printf("[gemm] cuBLASLt with varied scales: %lld products checked; refused: %s\n", static_cast<long long>(runs),
+              refused.empty() ? "none" : fmt::format("{}", fmt::join(refused, "; ")).c_str());
+  EXPECT_GT(runs, 0) << "the real build links cuBLASLt: its path must run";
 }
 
 // The few-rows kernel's block shapes by output width (warps along n x warps along k, for one row
@@ -266,6 +373,33 @@ TEST(GpuOps, GemmFewRowsShapes) {
 }
 
 // rows_dev: a device row count below `rows` limits the rows computed (graph replay).
+// The GPU layout of fp4 weights: in each full 128-wide k unit of a row, word 4s + t moves to
+// 4t + s; a tail (k % 128) and the bytes of other rows stay; converting twice gives the input back.
+TEST(GpuOps, Fp4GpuLayout) {
+  for (const auto& [rows, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{{3, 128}, {5, 160}, {2, 416}, {7, 32}}) {
+    std::mt19937_64 rng(seed_of({41, rows, k}));
+    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(rows * k / 2));
+    for (std::uint8_t& b : bytes) b = static_cast<std::uint8_t>(rng());
+    DevArray<std::uint8_t> d(bytes);
+    gpu::fp4_to_gpu_layout(d.get(), rows, k, st());
+    const std::vector<std::uint8_t> once = d.download();
+    std::int64_t wrong = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < k / 2; ++c) {
+        std::int64_t src = c;  // byte c of the row in the GPU layout comes from byte src of the checkpoint row
+        if (c < (k / 128) * 64) {
+          const std::int64_t unit = c / 64, word = (c % 64) / 4, t = word / 4, sblk = word % 4;
+          src = unit * 64 + (4 * sblk + t) * 4 + c % 4;
+        }
+        wrong += once[static_cast<std::size_t>(r * k / 2 + c)] != bytes[static_cast<std::size_t>(r * k / 2 + src)];
+      }
+    }
+    EXPECT_EQ(wrong, 0) << rows << " rows, k " << k;
+    gpu::fp4_to_gpu_layout(d.get(), rows, k, st());
+    EXPECT_EQ(d.download(), bytes) << "twice is the identity: " << rows << " rows, k " << k;
+  }
+}
+
 TEST(GpuOps, GemmRowsDevLimit) {
   std::mt19937_64 rng(seed_of({3}));
   const std::int64_t n = 96, k = 128, rows = 20, live = 11;

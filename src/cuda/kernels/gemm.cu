@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/kernels/gemm_library.h"
 #include "cuda/kernels/launch_check.h"
 #include "cuda/device.h"
 #include "cuda/kernels/numerics.cuh"
@@ -48,6 +49,31 @@ __global__ void quantize_rows_kernel(const std::uint16_t* x, std::int64_t ld, st
     if (kk < k) codes[row * k + kk] = fp8_encode_scaled(v[i], inv);
   }
   if (lane == 0) scales[row * blocks_per_row + kb] = scale;
+}
+
+// Scales [rows][kb] -> [kb][rows], for the layouts cuBLASLt reads (gemm_library.h Layouts).
+__global__ void transpose_scales_kernel(const float* scales, std::int64_t rows, std::int64_t kb, float* out) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * kb) return;
+  const std::int64_t b = i / rows, r = i % rows;  // consecutive threads write consecutive rows
+  out[i] = scales[r * kb + b];
+}
+
+// ---- the GPU layout of fp4 weights (gemm.h) -----------------------------------------------------
+// A full 128-wide k unit of a row is 64 packed bytes, 16 words: in checkpoint order word 4s + t
+// holds k 32s + 8t .. 32s + 8t + 7 (scale block s). The GPU keeps word 4s + t at 4t + s (a 4 x 4
+// transpose, its own inverse), so the few-rows kernel's lane t reads the words of all four blocks
+// it needs with one 16-byte load. One thread per unit; a tail shorter than 128 stays as it is.
+__global__ void fp4_transpose_units_kernel(std::uint8_t* data, std::int64_t rows, std::int64_t k) {
+  const std::int64_t units = k / 128;
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * units) return;
+  uint4* p = reinterpret_cast<uint4*>(data + (i / units) * (k / 2) + (i % units) * 64);
+  const uint4 q0 = p[0], q1 = p[1], q2 = p[2], q3 = p[3];  // q_s = words 4s .. 4s + 3
+  p[0] = make_uint4(q0.x, q1.x, q2.x, q3.x);
+  p[1] = make_uint4(q0.y, q1.y, q2.y, q3.y);
+  p[2] = make_uint4(q0.z, q1.z, q2.z, q3.z);
+  p[3] = make_uint4(q0.w, q1.w, q2.w, q3.w);
 }
 
 // ---- shared pieces ------------------------------------------------------------------------------
@@ -185,7 +211,8 @@ struct FewFp8 {
 };
 
 // fp4 weights (rebuilt as e4m3) x e4m3 activations. A unit is 128 k = four 32-wide weight-scale
-// blocks, one mma step each: lane t holds k 8t .. 8t + 7 of each block (4 bytes of packed e2m1).
+// blocks, one mma step each: lane t holds k 8t .. 8t + 7 of each block (4 bytes of packed e2m1),
+// in a full unit one 16-byte load per weight row (the GPU layout keeps those words together).
 struct FewFp4 {
   static constexpr int kK = 128, kDepth = 3;
   struct Regs {
@@ -195,13 +222,24 @@ struct FewFp4 {
     float sa0, sa1;
   };
   static __device__ __forceinline__ void load(const FewLane& l, std::int64_t k0, Regs& r) {
+    if (k0 + 128 <= l.k) {
+      const uint4 lo = load_or_zero<uint4>(l.w_lo, k0 / 2 + 16 * l.t, true);
+      const uint4 hi = load_or_zero<uint4>(l.w_hi, k0 / 2 + 16 * l.t, true);
+      r.w_lo[0] = lo.x, r.w_lo[1] = lo.y, r.w_lo[2] = lo.z, r.w_lo[3] = lo.w;
+      r.w_hi[0] = hi.x, r.w_hi[1] = hi.y, r.w_hi[2] = hi.z, r.w_hi[3] = hi.w;
+    } else {
+      // the tail (k % 128) keeps checkpoint order
+      DSV4_UNROLL
+      for (int s = 0; s < 4; ++s) {
+        const std::int64_t k = k0 + 32 * s;
+        r.w_lo[s] = load_or_zero<std::uint32_t>(l.w_lo, k / 2 + 4 * l.t, k < l.k);
+        r.w_hi[s] = load_or_zero<std::uint32_t>(l.w_hi, k / 2 + 4 * l.t, k < l.k);
+      }
+    }
     DSV4_UNROLL
     for (int s = 0; s < 4; ++s) {
       const std::int64_t k = k0 + 32 * s;
-      const bool ok = k < l.k;
-      r.w_lo[s] = load_or_zero<std::uint32_t>(l.w_lo, k / 2 + 4 * l.t, ok);
-      r.w_hi[s] = load_or_zero<std::uint32_t>(l.w_hi, k / 2 + 4 * l.t, ok);
-      r.x[s] = load_or_zero<uint2>(l.x, k + 8 * l.t, ok);
+      r.x[s] = load_or_zero<uint2>(l.x, k + 8 * l.t, k < l.k);
     }
     if (l.k % 128 == 0) {
       // The four blocks' scale bytes are one aligned word of each row.
@@ -465,9 +503,17 @@ __global__ void __launch_bounds__(kThreads) mma_fp8_kernel(MmaArgs args) {
           outw[2 * wd] = lo;
           outw[2 * wd + 1] = hi;
         }
-        uint4* dst = reinterpret_cast<uint4*>(Bs + row * kRowBytes + part * 32);
-        dst[0] = make_uint4(outw[0], outw[1], outw[2], outw[3]);
-        dst[1] = make_uint4(outw[4], outw[5], outw[6], outw[7]);
+        if (k0 + 128 <= k) {
+          // GPU layout: word wd of the 16 bytes holds k 32 wd + 8 part .. + 7
+          DSV4_UNROLL
+          for (int wd = 0; wd < 4; ++wd)
+            *reinterpret_cast<uint2*>(Bs + row * kRowBytes + 32 * wd + 8 * part) = make_uint2(outw[2 * wd], outw[2 * wd + 1]);
+        } else {
+          // a tail tile keeps checkpoint order: k 32 part .. 32 part + 31
+          uint4* dst = reinterpret_cast<uint4*>(Bs + row * kRowBytes + part * 32);
+          dst[0] = make_uint4(outw[0], outw[1], outw[2], outw[3]);
+          dst[1] = make_uint4(outw[4], outw[5], outw[6], outw[7]);
+        }
         fp4_scales[(stage * kTileN + row) * 4 + part] = s;
       }
     }
@@ -763,7 +809,7 @@ void launch_mma_bf16(const MmaArgs& args, std::int64_t row_tiles, int groups, gp
 // about one 128 x 128 tile per SM.
 bool use_small(std::int64_t rows, std::int64_t n, GemmPath path) {
   if (path == GemmPath::kFewRows) return true;
-  if (path == GemmPath::kTiles) return false;
+  if (path == GemmPath::kTiles || path == GemmPath::kLibrary) return false;
   if (rows <= 16) return true;
   if (path == GemmPath::kAutoPrefill) return false;
   const std::int64_t tile_ctas = ((n + kTileN - 1) / kTileN) * ((rows + kTileM - 1) / kTileM);
@@ -771,6 +817,21 @@ bool use_small(std::int64_t rows, std::int64_t n, GemmPath path) {
 }
 
 }  // namespace
+
+void fp4_to_gpu_layout(void* data, std::int64_t rows, std::int64_t k, gpu_stream_t stream) {
+  check_k(k, "fp4_to_gpu_layout: the row length {} must be a positive multiple of 32");
+  const std::int64_t units = rows * (k / 128);
+  if (units <= 0) return;
+  launch(fp4_transpose_units_kernel, dim3(static_cast<unsigned>((units + kThreads - 1) / kThreads)), dim3(kThreads), 0, stream,
+         static_cast<std::uint8_t*>(data), rows, k);
+}
+
+bool gemm_library_supports(std::int64_t rows, const DeviceWeight& w, const GemmOutput& out) {
+  return cublaslt::find_plan(rows, w, out) != nullptr;
+}
+
+std::string gemm_library_refusal() { return cublaslt::last_refusal(); }
+std::string gemm_library_calibration() { return cublaslt::calibration(); }
 
 int expert_tile_rows(std::int64_t total_rows, std::int64_t experts) {
   return experts > 0 && total_rows <= 16 * experts ? kSmallRows : kTileRows;
@@ -796,6 +857,33 @@ void gemm_quantized(const QuantizedRows& a, std::int64_t rows, const DeviceWeigh
     if (w.format == WeightFormat::kFp8) launch_few<FewFp8, WeightFormat::kFp8>(s, tiles, stream);
     else launch_few<FewFp4, WeightFormat::kFp4>(s, tiles, stream);
     return;
+  }
+  if (path == GemmPath::kLibrary || path == GemmPath::kAutoPrefill) {
+    // cuBLASLt's block-scaled product (gemm_library.h). It computes all `rows`: rows_dev is for
+    // graphs, which kAutoPrefill steps are not.
+    const bool codes_aligned = reinterpret_cast<std::uintptr_t>(a.codes) % 16 == 0;
+    if (const cublaslt::Plan* plan = codes_aligned ? cublaslt::find_plan(rows, w, out) : nullptr) {
+      // Rearrange the scales into the layouts cuBLASLt reads (transposed copies in its scratch).
+      const cublaslt::Layouts layouts = cublaslt::layouts();
+      const std::int64_t kb = w.k / 128, nb = w.n / 128, act_floats = (rows * kb + 63) / 64 * 64;
+      float* scratch = cublaslt::scale_scratch(stream, act_floats + nb * kb);
+      const float* act_scales = a.scales;
+      const auto* weight_scales = static_cast<const float*>(w.scale);
+      if (layouts.act_k_major) {
+        launch(transpose_scales_kernel, dim3(static_cast<unsigned>((rows * kb + kThreads - 1) / kThreads)), dim3(kThreads), 0,
+               stream, a.scales, rows, kb, scratch);
+        act_scales = scratch;
+      }
+      if (layouts.weight_transposed) {
+        launch(transpose_scales_kernel, dim3(static_cast<unsigned>((nb * kb + kThreads - 1) / kThreads)), dim3(kThreads), 0,
+               stream, weight_scales, nb, kb, scratch + act_floats);
+        weight_scales = scratch + act_floats;
+      }
+      cublaslt::run(*plan, a.codes, act_scales, weight_scales, w, out, stream);
+      return;
+    }
+    if (path == GemmPath::kLibrary)
+      launch_error("gemm_quantized: cuBLASLt cannot run {} rows x n {} x k {} here (gemm_library_supports)", {rows, w.n, w.k});
   }
   MmaArgs m{a.codes, a.scales, nullptr, 0, 0, w.k, w, 0, out, rows, rows_dev, {}, false};
   const std::int64_t tiles = (rows + kTileM - 1) / kTileM;

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "cuda/stream_handle.h"
 
@@ -24,7 +25,8 @@ namespace dsv4::gpu {
 enum class WeightFormat : std::int32_t {
   kBf16,   // bf16 [n][k]
   kFp8,    // e4m3 [n][k], fp32 scales [ceil(n/128)][ceil(k/128)] (UE8M0 values widened)
-  kFp4,    // packed e2m1 [n][k/2] (low nibble = even k), UE8M0 bytes [n][k/32]
+  kFp4,    // packed e2m1 [n][k/2] (low nibble = even k) in the GPU layout (fp4_to_gpu_layout),
+           // UE8M0 bytes [n][k/32]
 };
 
 // One weight matrix on the device, or `experts` of them stacked (expert e at data +
@@ -68,10 +70,13 @@ struct ExpertTiles {
 };
 
 // Which kernel runs a product: by row count for speed (kAuto: few rows up to 16, or up to 128
-// when the output is narrow), by row count with tiles from 17 rows on (kAutoPrefill: a prompt's
-// results then do not depend on how it was chunked into steps of more than 16 tokens), or forced
-// (tests compare both).
-enum class GemmPath : std::int32_t { kAuto, kAutoPrefill, kFewRows, kTiles };
+// when the output is narrow; else tiles), for steps with prompt tokens (kAutoPrefill: few rows up
+// to 16, then cuBLASLt's block-scaled product for dense fp8 weights where it can run them
+// (gemm_library.h), else tiles), or forced (tests and benchmarks compare them; kLibrary throws
+// where cuBLASLt cannot run the product, see gemm_library_supports). kAuto never takes cuBLASLt:
+// decode steps are captured into graphs whose row count is read on the device. gemm_bf16 and the
+// expert products have no library path (kLibrary runs their tiles).
+enum class GemmPath : std::int32_t { kAuto, kAutoPrefill, kFewRows, kTiles, kLibrary };
 
 inline constexpr int kSmallRows = 8;    // rows the few-rows kernel takes at once
 inline constexpr int kTileRows = 128;   // rows of a tensor-core tile
@@ -84,6 +89,21 @@ int expert_tile_rows(std::int64_t total_rows, std::int64_t experts);
 // when set, is a device count that limits the rows actually quantized (graph replay).
 void quantize_activations(const std::uint16_t* x, std::int64_t ld, std::int64_t rows, std::int64_t k,
                           std::uint8_t* codes, float* scales, const std::int32_t* rows_dev, gpu_stream_t stream);
+
+// Puts fp4 weights uploaded in checkpoint order ([rows][k/2] packed e2m1) into the GPU layout the
+// products read, in place: each full 128-wide k unit of a row (64 bytes, 16 words; word 4s + t
+// holds k 32s + 8t .. 32s + 8t + 7) stored with word 4s + t at 4t + s; a tail of k % 128 stays.
+// The same call converts back. The scales are not touched.
+void fp4_to_gpu_layout(void* data, std::int64_t rows, std::int64_t k, gpu_stream_t stream);
+
+// Whether cuBLASLt's block-scaled product (GemmPath::kLibrary) can run `rows` rows against `w`
+// into `out`: a dense fp8 weight with n a multiple of 128 and k of 512, bf16 output, 16-byte aligned, a
+// build with cuBLASLt (not the simulator), and an algorithm for the shape (none for 1 row).
+bool gemm_library_supports(std::int64_t rows, const DeviceWeight& w, const GemmOutput& out);
+// Why the last gemm_library_supports that said no did (for test and benchmark reports).
+std::string gemm_library_refusal();
+// The scale layouts and row counts the library path found it can use (gemm_library.h).
+std::string gemm_library_calibration();
 
 // out[r] = W . dequant(a[r]) for rows [0, rows): fp8/fp4 weights only.
 void gemm_quantized(const QuantizedRows& a, std::int64_t rows, const DeviceWeight& w, const GemmOutput& out,
