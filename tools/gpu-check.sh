@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-programs=(test_device_language test_gpu_ops test_gpu_model bench_gpu_model bench_gpu_gemm dsv4)
+programs=(test_device_language test_gpu_ops test_gpu_model bench_gpu_model bench_gpu_gemm bench_gpu_moe dsv4)
 
 if [ "$mode" != prebuilt ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DDSV4_WERROR="${DSV4_WERROR:-OFF}" >/dev/null || exit 1
@@ -46,15 +46,18 @@ if [ "$mode" != prebuilt ]; then
       f=$(find_program "$p")
       [ -n "$f" ] || { echo "gpu-check: $p was not built" >&2; exit 1; }
       cp "$f" "$bundle/bin/" && strip --strip-debug "$bundle/bin/$p"
-      # Libraries outside the C/C++ runtime and the CUDA driver (a CUDA machine has those).
-      ldd "$f" | awk '/=> \//{print $3}' | grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux|libcuda)\.' |
+      # Libraries outside the C/C++ runtime, the CUDA driver and the CUDA toolkit's cuBLAS (a CUDA
+      # machine has those; libcublasLt alone is half a gigabyte).
+      ldd "$f" | awk '/=> \//{print $3}' | grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+|ld-linux|libcuda|libcublas|libcublasLt)\.' |
         while read -r lib; do cp -L "$lib" "$bundle/lib/"; done
     done
     du -sh "$bundle"
     exit 0
   fi
 else
-  export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # the bundle's libraries, then the toolkit's (cuBLASLt)
+  cuda_lib=$(dirname "$(command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)")/../lib64
+  export LD_LIBRARY_PATH="$bundle/lib:$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   find_program() { echo "$bundle/bin/$1"; }
 fi
 
@@ -95,9 +98,14 @@ fi
 
 if [ $bench = 1 ]; then
   if [ $quick = 1 ]; then
-    check bench_gemm 300 "$(find_program bench_gpu_gemm)" --rows 1,8,32,4096 --reps 10
+    check bench_gemm 300 "$(find_program bench_gpu_gemm)" --rows 1,8,64,4096 --reps 5 --runs 50
   else
     check bench_gemm 600 "$(find_program bench_gpu_gemm)"
+  fi
+  if [ $quick = 1 ]; then
+    check bench_moe 300 "$(find_program bench_gpu_moe)" --reps 10
+  else
+    check bench_moe 600 "$(find_program bench_gpu_moe)"
   fi
   if [ $quick = 1 ]; then
     check bench_model 600 "$(find_program bench_gpu_model)" --layers 4 --batches 1,32 --contexts 4096 --steps 10 --prefill 8192
@@ -105,6 +113,7 @@ if [ $bench = 1 ]; then
     check bench_model 900 "$(find_program bench_gpu_model)" --layers 8 --batches 1,32,128 --contexts 4096,131072 --steps 20 \
       --prefill 32768
   fi
+  python3 -c 'import torch' >/dev/null 2>&1 && check torch_floor 600 python3 bench/torch_floor.py $([ $quick = 1 ] && echo --quick)
 fi
 
 # Serving on the GPU: a Flash-shaped model (4 layers, dummy weights) answers a streaming chat request.
@@ -147,4 +156,7 @@ echo "|------------------------------------|-----------|-------|"
 printf '%s\n' "${results[@]}"
 grep -h '^\[gpu-vs-cpu\]' "$logs/gpu_model.log" 2>/dev/null | head -n 12
 grep -h '^| decode\|^prefill' "$logs/bench_model.log" 2>/dev/null
-grep -h '^| .* | 1 | few-rows\|^| .* | 4096 | tiles\|^HBM\|^mma' "$logs/bench_gemm.log" 2>/dev/null
+grep -h '^| .* | 1 | \|^| .* | 4096 | \|^HBM\|^mma' "$logs/bench_gemm.log" 2>/dev/null
+grep -h -m 1 '^| shape | tokens' "$logs/bench_moe.log" 2>/dev/null
+grep -h '^| V4-' "$logs/bench_moe.log" 2>/dev/null
+grep -h '^| torch' "$logs/torch_floor.log" 2>/dev/null
