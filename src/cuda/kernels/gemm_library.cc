@@ -83,6 +83,14 @@ State& state() {
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 Scratch& scratch_for(State& s, gpu_stream_t stream) {
+  if (s.scratch.count(stream) == 0 && s.scratch.size() >= 8) {
+    // Streams come and go with executors (tests make many): free the others' scratch once all
+    // work that may use it is done, rather than keep 32 MiB per stream ever seen. (A pointer from
+    // scale_scratch is used before the next product is asked for: products are launched from one
+    // thread at a time, the executor's.)
+    synchronize_device();
+    s.scratch.clear();
+  }
   Scratch& sc = s.scratch[stream];
   if (sc.workspace.size() == 0) sc.workspace = DeviceBuffer(kWorkspaceBytes);
   return sc;
