@@ -143,10 +143,10 @@ struct GemmShape {
 };
 
 TEST(GpuOps, GemmQuantized) {
-  // n a multiple of 128 and k of 512 (1024 x 2048) also run cuBLASLt's block-scaled product
-  // (GemmPath::kLibrary) where the build has it and it has an algorithm for the row count.
-  const std::vector<GemmShape> shapes = small() ? std::vector<GemmShape>{{160, 256}, {64, 96}, {136, 416}, {48, 32}, {128, 128}}
-                                              : std::vector<GemmShape>{{160, 256}, {64, 96}, {136, 416}, {48, 32}, {128, 128}, {1056, 2176}, {4160, 1024}, {1024, 2048}};
+  // n a multiple of 128 and k of 512 (128 x 512, 1024 x 2048) also run cuBLASLt's block-scaled
+  // product (GemmPath::kLibrary) where the build has it and it has an algorithm for the row count.
+  const std::vector<GemmShape> shapes = small() ? std::vector<GemmShape>{{160, 256}, {64, 96}, {136, 416}, {48, 32}, {128, 128}, {128, 512}}
+                                              : std::vector<GemmShape>{{160, 256}, {64, 96}, {136, 416}, {48, 32}, {128, 128}, {128, 512}, {1056, 2176}, {4160, 1024}, {1024, 2048}};
   std::int64_t library_runs = 0;
   std::vector<std::string> library_refused;
   for (WeightFormat f : {WeightFormat::kFp8, WeightFormat::kFp4}) {
