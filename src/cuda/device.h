@@ -25,7 +25,9 @@
 //   bf16       __nv_bfloat16, __nv_bfloat162, __float2bfloat16(_rn), __bfloat162float,
 //              __floats2bfloat162_rn, __bfloat1622float2, __low2float, __high2float
 //   macros     DSV4_DYNAMIC_SMEM(T, name), DSV4_DEVICE_ASSERT(cond)
-// and in namespace dsv4::gpu: launch, set_max_dynamic_smem, the mma wrappers and cp.async.
+// and in namespace dsv4::gpu: launch, set_max_dynamic_smem, the mma wrappers, cp.async, and
+// Hopper's mbarriers with bulk copies into shared memory (mbarrier_init, mbarrier_arrive,
+// mbarrier_arrive_expect_tx, bulk_copy_to_shared, mbarrier_wait).
 #pragma once
 
 #include <cstddef>
@@ -145,6 +147,46 @@ __device__ __forceinline__ void cp_async_wait() {
 // Waits for all of this thread's copies, committed or not.
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+// mbarriers (a 64-bit object in shared memory, 8-byte aligned) and bulk copies. One thread
+// initializes a barrier for `count` arrivals per phase, then a __syncthreads makes it visible. A
+// phase completes when `count` arrivals came and every byte announced by
+// mbarrier_arrive_expect_tx was delivered by bulk copies naming the barrier; the next phase then
+// starts with the same count. mbarrier_wait(bar, parity) returns once the phase of that parity
+// (0 for the first, 1 for the second, ...) has completed; the copies' bytes are visible then.
+__device__ __forceinline__ unsigned smem_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbarrier_init(std::uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count) : "memory");
+  // the barrier's initialization visible to the bulk copy engine (the async proxy)
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(std::uint64_t* bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_address(bar))
+               : "memory");
+}
+// An arrival that also announces `bytes` of bulk copies the current phase waits for.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes)
+               : "memory");
+}
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory by the
+// bulk copy engine, counted on `bar` when they land.
+__device__ __forceinline__ void bulk_copy_to_shared(void* smem, const void* gmem, unsigned bytes, std::uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_address(smem)),
+               "l"(gmem), "r"(bytes), "r"(smem_address(bar))
+               : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra "
+      "WAIT_%=;\n}\n" ::"r"(smem_address(bar)),
+      "r"(parity)
+      : "memory");
+}
+
 }  // namespace dsv4::gpu
 
 #elif defined(DSV4_SIM)
@@ -223,6 +265,26 @@ inline void cp_async_wait() {
   sim::cp_async_wait(N);
 }
 inline void cp_async_wait_all() { sim::cp_async_wait(-1); }
+
+inline void mbarrier_init(std::uint64_t* bar, unsigned count,
+                          std::source_location loc = std::source_location::current()) {
+  sim::mbarrier_init(bar, count, loc);
+}
+inline void mbarrier_arrive(std::uint64_t* bar, std::source_location loc = std::source_location::current()) {
+  sim::mbarrier_arrive(bar, 0, loc);
+}
+inline void mbarrier_arrive_expect_tx(std::uint64_t* bar, unsigned bytes,
+                                      std::source_location loc = std::source_location::current()) {
+  sim::mbarrier_arrive(bar, bytes, loc);
+}
+inline void bulk_copy_to_shared(void* smem, const void* gmem, unsigned bytes, std::uint64_t* bar,
+                                std::source_location loc = std::source_location::current()) {
+  sim::bulk_copy_to_shared(smem, gmem, bytes, bar, loc);
+}
+inline void mbarrier_wait(std::uint64_t* bar, unsigned parity,
+                          std::source_location loc = std::source_location::current()) {
+  sim::mbarrier_wait(bar, parity, loc);
+}
 
 }  // namespace dsv4::gpu
 

@@ -384,6 +384,27 @@ __global__ void cp_async_kernel(const uint4* src, uint4* dst) {
   dst[2 * n + t] = stage[(t + 3) % n];
 }
 
+// Bulk copies completed on an mbarrier, two phases of the same barrier: thread 0 announces the
+// bytes and issues the copies in four pieces, every thread waits for the phase and reads.
+__global__ void bulk_copy_kernel(const uint4* src, uint4* dst) {
+  DSV4_DYNAMIC_SMEM(uint4, stage);
+  __shared__ __align__(8) std::uint64_t bar;
+  const int n = static_cast<int>(blockDim.x), t = static_cast<int>(threadIdx.x);
+  if (t == 0) gpu::mbarrier_init(&bar, 1);
+  __syncthreads();
+  for (int phase = 0; phase < 2; ++phase) {
+    if (t == 0) {
+      gpu::mbarrier_arrive_expect_tx(&bar, static_cast<unsigned>(n) * 16u);
+      for (int q = 0; q < 4; ++q)
+        gpu::bulk_copy_to_shared(stage + q * (n / 4), src + phase * n + q * (n / 4), static_cast<unsigned>(n / 4) * 16u,
+                                 &bar);
+    }
+    gpu::mbarrier_wait(&bar, static_cast<unsigned>(phase & 1));
+    dst[phase * n + t] = stage[(t + 7 * (phase + 1)) % n];
+    __syncthreads();  // every read of this phase done before the next overwrites the stage
+  }
+}
+
 __global__ void bf16_kernel(const float* in, int n, unsigned short* bits, unsigned short* bits_rn, float* back,
                             float2* pair, float* lows, float* highs) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
@@ -889,6 +910,26 @@ TEST(DeviceLanguage, CpAsyncRoundTrips) {
     const int j = (t + 5) % threads;  // chunk n + j: copied by thread j, zero-filled when j is odd
     EXPECT_TRUE(same(dst[threads + t], j % 2 == 0 ? src[threads + j] : zero)) << t;
     EXPECT_TRUE(same(dst[2 * threads + t], src[2 * threads + (t + 3) % threads])) << t;
+  }
+}
+
+TEST(DeviceLanguage, BulkCopiesCompleteOnAnMbarrier) {
+  const int threads = 128;
+  std::vector<uint4> src(2 * threads);
+  for (int i = 0; i < 2 * threads; ++i)
+    src[i] =
+        make_uint4(static_cast<unsigned>(i), static_cast<unsigned>(i * 7), 0xabcd0000u + static_cast<unsigned>(i), 5u);
+  DeviceVector<uint4> d_src(src), d_dst(2 * threads);
+  gpu::launch(bulk_copy_kernel, dim3(1), dim3(threads), threads * sizeof(uint4), test_stream().handle(), d_src.get(),
+              d_dst.get());
+  const auto dst = d_dst.to_host();
+  for (int phase = 0; phase < 2; ++phase) {
+    for (int t = 0; t < threads; ++t) {
+      const uint4 want = src[phase * threads + (t + 7 * (phase + 1)) % threads];
+      const uint4 got = dst[phase * threads + t];
+      EXPECT_TRUE(got.x == want.x && got.y == want.y && got.z == want.z && got.w == want.w)
+          << "phase " << phase << " thread " << t;
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
@@ -137,6 +138,40 @@ __global__ void early_read_kernel(const uint4* src, unsigned* out) {
   out[2 * t + 1] = stage[t].x;
 }
 
+// Bulk copies land when the mbarrier phase completes: thread 0 copies and only then announces
+// the bytes; a thread that reads before waiting sees the poison.
+__global__ void early_bulk_read_kernel(const uint4* src, unsigned* out) {
+  DSV4_DYNAMIC_SMEM(uint4, stage);
+  __shared__ __align__(8) std::uint64_t bar;
+  const unsigned t = threadIdx.x, n = blockDim.x;
+  if (t == 0) gpu::mbarrier_init(&bar, 1);
+  __syncthreads();
+  if (t == 0) gpu::bulk_copy_to_shared(stage, src, n * 16, &bar);
+  out[2 * t] = stage[t].x;  // too early: the phase still waits for thread 0's arrival
+  __syncthreads();
+  if (t == 0) gpu::mbarrier_arrive_expect_tx(&bar, n * 16);
+  gpu::mbarrier_wait(&bar, 0);
+  out[2 * t + 1] = stage[t].x;
+}
+
+// A phase nobody completes: every thread waits for an arrival that never comes.
+__global__ void mbarrier_deadlock_kernel() {
+  __shared__ __align__(8) std::uint64_t bar;
+  if (threadIdx.x == 0) gpu::mbarrier_init(&bar, 2);
+  __syncthreads();
+  if (threadIdx.x == 0) gpu::mbarrier_arrive(&bar);
+  gpu::mbarrier_wait(&bar, 0);
+}
+
+__global__ void misaligned_bulk_copy_kernel(const unsigned char* src) {
+  DSV4_DYNAMIC_SMEM(unsigned char, stage);
+  __shared__ __align__(8) std::uint64_t bar;
+  if (threadIdx.x == 0) {
+    gpu::mbarrier_init(&bar, 1);
+    gpu::bulk_copy_to_shared(stage, src, 24, &bar);
+  }
+}
+
 __global__ void smem_limit_kernel(float* out) {
   DSV4_DYNAMIC_SMEM(float, s);
   s[threadIdx.x] = static_cast<float>(threadIdx.x);
@@ -259,6 +294,32 @@ TEST(Simulator, CollectivesWithDifferentMasksReleaseIndependently) {
   gpu::launch(independent_syncwarp_kernel, dim3(1), dim3(32), 0, test_stream().handle(), out.as<int>());
   EXPECT_EQ(out.as<int>()[0], 11);
   EXPECT_EQ(out.as<int>()[1], 10);
+}
+
+TEST(Simulator, BulkCopyDataLandsWhenThePhaseCompletes) {
+  const int n = 32;
+  std::vector<uint4> src(n);
+  for (int i = 0; i < n; ++i) src[i] = make_uint4(static_cast<unsigned>(i), 0, 0, 0);
+  gpu::DeviceBuffer d_src(n * sizeof(uint4)), out(2 * n * sizeof(unsigned));
+  gpu::copy_to_device(d_src.data(), src.data(), d_src.size(), test_stream());
+  gpu::launch(early_bulk_read_kernel, dim3(1), dim3(n), n * sizeof(uint4), test_stream().handle(), d_src.as<uint4>(),
+              out.as<unsigned>());
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(out.as<unsigned>()[2 * i], 0xffffffffu) << i;
+    EXPECT_EQ(out.as<unsigned>()[2 * i + 1], static_cast<unsigned>(i)) << i;
+  }
+}
+
+TEST(Simulator, MbarrierMisuseIsReported) {
+  EXPECT_THAT(
+      sim_error([] { gpu::launch(mbarrier_deadlock_kernel, dim3(1), dim3(64), 0, test_stream().handle()); }),
+      AllOf(HasSubstr("deadlock"), HasSubstr("threads 0-63 (warps 0-1): mbarrier_wait"), HasSubstr("parity 0")));
+  gpu::DeviceBuffer src(256);
+  EXPECT_THAT(sim_error([&] {
+                gpu::launch(misaligned_bulk_copy_kernel, dim3(1), dim3(32), 64, test_stream().handle(),
+                            src.as<unsigned char>());
+              }),
+              HasSubstr("size a positive multiple of 16"));
 }
 
 TEST(Simulator, CpAsyncDataLandsAtTheWait) {

@@ -132,11 +132,12 @@ namespace dsv4::gpu::sim {
 namespace {
 
 enum class State : std::uint8_t {
-  kReady,    // can run
-  kBarrier,  // waits at a block barrier
-  kWarp,     // waits at a warp collective
-  kExited,   // returned from the kernel
-  kFailed,   // reported an error (kThrow mode) or threw
+  kReady,     // can run
+  kBarrier,   // waits at a block barrier
+  kWarp,      // waits at a warp collective
+  kMbarrier,  // waits for an mbarrier phase
+  kExited,    // returned from the kernel
+  kFailed,    // reported an error (kThrow mode) or threw
 };
 
 struct Fiber;
@@ -152,6 +153,20 @@ struct PendingCopy {
   unsigned char* dst;
   unsigned group;
   unsigned char bytes[16];
+};
+
+// An mbarrier of the running block (keyed by its address): the current phase's arrivals still
+// expected, its transaction bytes still outstanding, and the bulk copies that land when it completes.
+struct PendingBulk {
+  unsigned char* dst;
+  std::vector<unsigned char> bytes;
+};
+struct Mbarrier {
+  unsigned expected = 0;
+  unsigned pending = 0;
+  long long tx = 0;
+  unsigned phase = 0;  // completed phases
+  std::vector<PendingBulk> copies;
 };
 
 struct Fiber {
@@ -217,6 +232,7 @@ struct Simulator {
   Launch* launch = nullptr;
   Fiber* current = nullptr;
   std::string failure;  // a fiber's error report (kThrow mode)
+  std::unordered_map<const void*, Mbarrier> mbarriers;  // of the running block
   std::exception_ptr kernel_exception;
 
   // AddressSanitizer's view of the scheduler stack.
@@ -353,6 +369,8 @@ std::string wait_description(const Fiber& f) {
       return fmt::format("{} at {}", barrier_name(f.barrier_op), format_location(f.where));
     case State::kWarp:
       return fmt::format("{} (mask {:#010x}) at {}", f.collective->name, f.mask, format_location(f.where));
+    case State::kMbarrier:
+      return fmt::format("mbarrier_wait (barrier {}, parity {}) at {}", f.data, f.pred, format_location(f.where));
     case State::kExited:
       return "exited";
     case State::kFailed:
@@ -713,6 +731,7 @@ void run_block(Launch& launch) {
   Simulator& s = sim();
   const unsigned threads = launch.threads;
   std::memset(launch.smem, 0xff, launch.smem_capacity);
+  s.mbarriers.clear();
   for (unsigned i = 0; i < threads; ++i) {
     Fiber& f = *s.fibers[i];
     f.builtins.thread_idx = uint3{i % launch.block.x, (i / launch.block.x) % launch.block.y,
@@ -1093,6 +1112,96 @@ void cp_async_wait(int pending_groups) {
   // Committed groups are 0 .. next_group-1; the newest `pending_groups` of them may stay pending.
   const unsigned n = static_cast<unsigned>(pending_groups);
   deliver_copies(f, false, f.next_group >= n ? f.next_group - n : 0);
+}
+
+namespace {
+
+Mbarrier& mbarrier_of(Fiber& f, const std::uint64_t* bar, const char* what, const Location& loc) {
+  auto it = sim().mbarriers.find(bar);
+  if (it == sim().mbarriers.end()) {
+    fiber_fail(f, [&] {
+      return fmt::format("{} at {}: barrier {} was not initialized in this block", what, format_location(loc),
+                         static_cast<const void*>(bar));
+    });
+  }
+  return it->second;
+}
+
+// Completes the current phase when nothing is outstanding: the copies land, waiters of the phase
+// run again, and the next phase expects the same arrivals.
+void try_complete(Mbarrier& m, const std::uint64_t* bar) {
+  if (m.pending != 0 || m.tx != 0) return;
+  for (const PendingBulk& c : m.copies) std::memcpy(c.dst, c.bytes.data(), c.bytes.size());
+  m.copies.clear();
+  const unsigned parity = m.phase & 1u;
+  ++m.phase;
+  m.pending = m.expected;
+  Simulator& s = sim();
+  for (unsigned i = 0; i < s.launch->threads; ++i) {
+    Fiber& w = *s.fibers[i];
+    if (w.state == State::kMbarrier && w.data == bar && static_cast<unsigned>(w.pred) == parity)
+      w.state = State::kReady;
+  }
+}
+
+}  // namespace
+
+void mbarrier_init(std::uint64_t* bar, unsigned count, const Location& loc) {
+  Fiber& f = current_fiber("mbarrier_init");
+  if ((reinterpret_cast<std::uintptr_t>(bar) & 7u) != 0 || count == 0) {
+    fiber_fail(f, [&] {
+      return fmt::format("mbarrier_init at {}: barrier {} must be 8-byte aligned, count {} positive",
+                         format_location(loc), static_cast<void*>(bar), count);
+    });
+  }
+  Mbarrier& m = sim().mbarriers[bar];
+  m = Mbarrier{};
+  m.expected = m.pending = count;
+  *bar = 0;
+}
+
+void mbarrier_arrive(std::uint64_t* bar, unsigned tx_bytes, const Location& loc) {
+  Fiber& f = current_fiber("mbarrier_arrive");
+  Mbarrier& m = mbarrier_of(f, bar, "mbarrier_arrive", loc);
+  if (m.pending == 0) {
+    fiber_fail(f, [&] {
+      return fmt::format("mbarrier_arrive at {}: more arrivals than the barrier's count {}", format_location(loc),
+                         m.expected);
+    });
+  }
+  m.tx += tx_bytes;
+  --m.pending;
+  try_complete(m, bar);
+}
+
+void bulk_copy_to_shared(void* smem, const void* gmem, unsigned bytes, std::uint64_t* bar, const Location& loc) {
+  Fiber& f = current_fiber("bulk_copy_to_shared");
+  const auto misaligned = [](const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) != 0; };
+  if (misaligned(smem) || misaligned(gmem) || bytes == 0 || bytes % 16 != 0) {
+    fiber_fail(f, [&] {
+      return fmt::format(
+          "bulk_copy_to_shared at {}: addresses must be 16-byte aligned and the size a positive multiple of 16 (shared "
+          "{}, global {}, {} bytes)",
+          format_location(loc), smem, gmem, bytes);
+    });
+  }
+  Mbarrier& m = mbarrier_of(f, bar, "bulk_copy_to_shared", loc);
+  PendingBulk c{static_cast<unsigned char*>(smem), std::vector<unsigned char>(bytes)};
+  std::memcpy(c.bytes.data(), gmem, bytes);
+  m.copies.push_back(std::move(c));
+  m.tx -= bytes;  // the copy's bytes complete (the arrival that expects them may come later)
+  try_complete(m, bar);
+}
+
+void mbarrier_wait(std::uint64_t* bar, unsigned parity, const Location& loc) {
+  Fiber& f = current_fiber("mbarrier_wait");
+  Mbarrier& m = mbarrier_of(f, bar, "mbarrier_wait", loc);
+  if ((m.phase & 1u) != (parity & 1u)) return;  // the phase of that parity has completed
+  f.state = State::kMbarrier;
+  f.data = bar;
+  f.pred = static_cast<int>(parity & 1u);
+  f.where = loc;
+  yield(f);
 }
 
 unsigned char* dynamic_smem() {

@@ -114,6 +114,15 @@ void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], const std::ui
 void cp_async_16(void* smem, const void* gmem, bool valid, const Location& loc);
 void cp_async_commit();
 void cp_async_wait(int pending_groups);  // < 0: wait for all, committed or not
+// mbarriers and bulk copies (Hopper's cp.async.bulk into shared memory, completing a transaction
+// count on an mbarrier): the source bytes are read at issue time and land in shared memory when
+// the barrier's phase completes (all expected arrivals and transaction bytes), so a read before
+// the wait sees the old contents. A wait blocks the thread until the phase of the given parity
+// has completed.
+void mbarrier_init(std::uint64_t* bar, unsigned count, const Location& loc);
+void mbarrier_arrive(std::uint64_t* bar, unsigned tx_bytes, const Location& loc);
+void bulk_copy_to_shared(void* smem, const void* gmem, unsigned bytes, std::uint64_t* bar, const Location& loc);
+void mbarrier_wait(std::uint64_t* bar, unsigned parity, const Location& loc);
 unsigned char* dynamic_smem();
 [[noreturn]] void device_assert_failed(const char* condition, const char* file, int line);
 [[noreturn]] void trap(const Location& loc);
