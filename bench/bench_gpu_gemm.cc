@@ -91,15 +91,11 @@ int run(int argc, char** argv) {
     if (key == "--rows") rows_list = parse_list(value);
     else if (key == "--reps") reps = std::max(1, std::atoi(value.c_str()));
     else if (key == "--runs") runs = std::max(3, std::atoi(value.c_str()));
-    else if (key == "--models") {
-      models.clear();
-      for (std::size_t a = 0; a <= value.size();) {
-        const std::size_t b = std::min(value.find(',', a), value.size());
-        models.push_back(value.substr(a, b - a));
-        a = b + 1;
-      }
-    } else throw Error(fmt::format("bench_gpu_gemm: unknown option {}", key));
+    else if (key == "--models") models = bench::split_list(value);
+    else throw Error(fmt::format("unknown option {}", key));
   }
+  for (const std::string& m : models)
+    if (m != "flash" && m != "pro") throw Error(fmt::format("unknown model '{}' (flash, pro)", m));
   const gpu::DeviceInfo info = gpu::device_info();
   const double bw = bench::measure_hbm_bandwidth();
   const double peak_fp8 = bench::measure_mma_peak_tflops(true), peak_bf16 = bench::measure_mma_peak_tflops(false);
@@ -210,11 +206,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace dsv4
 
-int main(int argc, char** argv) {
-  try {
-    return dsv4::run(argc, argv);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_gpu_gemm: {}\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return dsv4::bench::guarded_main("bench_gpu_gemm", dsv4::run, argc, argv); }

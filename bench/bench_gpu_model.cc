@@ -243,11 +243,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace dsv4
 
-int main(int argc, char** argv) {
-  try {
-    return dsv4::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_gpu_model: %s\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return dsv4::bench::guarded_main("bench_gpu_model", dsv4::run, argc, argv); }

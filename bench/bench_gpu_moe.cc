@@ -386,15 +386,10 @@ int run(int argc, char** argv) {
   for (std::int64_t t : tokens_list)
     if (t < 1) throw Error(fmt::format("token count {} (at least 1)", t));
   std::vector<const Shape*> chosen;
-  std::size_t pos = 0;
-  while (pos <= shapes.size()) {
-    std::size_t comma = shapes.find(',', pos);
-    if (comma == std::string::npos) comma = shapes.size();
-    const std::string key = shapes.substr(pos, comma - pos);
+  for (const std::string& key : bench::split_list(shapes)) {
     const auto it = std::find_if(kShapes.begin(), kShapes.end(), [&](const Shape& s) { return key == s.key; });
     if (it == kShapes.end()) throw Error(fmt::format("unknown shape '{}' (flash, pro)", key));
     chosen.push_back(&*it);
-    pos = comma + 1;
   }
 
   const gpu::DeviceInfo info = gpu::device_info();
@@ -414,11 +409,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace dsv4
 
-int main(int argc, char** argv) {
-  try {
-    return dsv4::run(argc, argv);
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_gpu_moe: {}\n", e.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return dsv4::bench::guarded_main("bench_gpu_moe", dsv4::run, argc, argv); }

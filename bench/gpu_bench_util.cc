@@ -1,22 +1,39 @@
 #include "gpu_bench_util.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <exception>
 
 #include "cuda/runtime.h"
 
 namespace dsv4::bench {
 
-std::vector<std::int64_t> parse_list(const std::string& text) {
-  std::vector<std::int64_t> v;
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> v;
   std::size_t pos = 0;
   while (pos < text.size()) {
     std::size_t comma = text.find(',', pos);
     if (comma == std::string::npos) comma = text.size();
-    v.push_back(std::atoll(text.substr(pos, comma - pos).c_str()));
+    v.push_back(text.substr(pos, comma - pos));
     pos = comma + 1;
   }
   return v;
+}
+
+std::vector<std::int64_t> parse_list(const std::string& text) {
+  std::vector<std::int64_t> v;
+  for (const std::string& item : split_list(text)) v.push_back(std::atoll(item.c_str()));
+  return v;
+}
+
+int guarded_main(const char* name, int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
 }
 
 double median(std::vector<double> v) {

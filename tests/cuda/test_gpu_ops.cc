@@ -251,7 +251,22 @@ TEST(GpuOps, GemmQuantized) {
 // every activation row and 128-block and every 128 x 128 weight block, so a scale read from the
 // wrong place shows; row counts that are and are not multiples of 8, against cpu linear.
 TEST(GpuOps, GemmLibraryScales) {
-  if (sim()) GTEST_SKIP() << "the simulator build has no cuBLASLt";
+  if (sim()) {
+    // The simulator build has no cuBLASLt: the library path must say no (gemm.h then keeps its
+    // own kernels) and a forced kLibrary product must fail loudly, not fall back in silence.
+    std::mt19937_64 rng(1);
+    const TestWeight tw = make_weight(WeightFormat::kFp8, 256, 512, 0.05f, rng);
+    DevWeight gw = upload_weight(tw);
+    DevArray<std::uint8_t> codes(8 * 512);
+    DevArray<float> scales(8 * 4);
+    DevArray<std::uint16_t> out(8 * 256);
+    const gpu::GemmOutput o{out.get(), 256, false};
+    EXPECT_FALSE(gpu::gemm_library_supports(8, gw.w, o));
+    EXPECT_NE(gpu::gemm_library_refusal().find("no cuBLASLt"), std::string::npos) << gpu::gemm_library_refusal();
+    EXPECT_THROW(gpu::gemm_quantized(gpu::QuantizedRows{codes.get(), scales.get(), 512}, 8, gw.w, o, nullptr, st(), GemmPath::kLibrary),
+                 std::runtime_error);
+    return;
+  }
   struct Case {
     std::int64_t n, k;
     std::vector<std::int64_t> rows;
