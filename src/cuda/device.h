@@ -125,6 +125,24 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const std::uint
         "f"(c[3]));
 }
 
+// Four 8x8 matrices of 16-bit values from shared memory into a warp's registers (ldmatrix):
+// lane l gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes, 16-byte aligned).
+// Lane l receives in r[m] the 32-bit word at row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of
+// matrix m (the lower column in the low half) -- an mma A or B fragment. _trans delivers the
+// transposed matrices: r[m] = (row 2 (l % 4), column l / 4) | (row 2 (l % 4) + 1, column l / 4) << 16.
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(row)))
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(static_cast<unsigned>(__cvta_generic_to_shared(row)))
+               : "memory");
+}
+
 // Asynchronous 16-byte copy global -> shared (both 16-byte aligned), cached in L2 only.
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -249,6 +267,35 @@ inline void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], const 
                               const float (&c)[4],
                               std::source_location loc = std::source_location::current()) {
   sim::mma_m16n8k16_bf16(d, a, b, c, loc);
+}
+
+// ldmatrix through shuffles of the lanes' row addresses (the same rows and words as the device).
+inline void ldmatrix_x4_impl(std::uint32_t (&r)[4], const void* row, bool trans, const std::source_location& loc) {
+  const unsigned lane = threadIdx.x & 31u;
+  const auto mine = reinterpret_cast<std::uint64_t>(row);
+  auto row_of = [&](unsigned src) {
+    return reinterpret_cast<const std::uint8_t*>(
+        sim::shfl_as(sim::ShflMode::kIdx, 0xffffffffu, mine, static_cast<int>(src), 32, loc));
+  };
+  for (unsigned m = 0; m < 4; ++m) {
+    if (!trans) {
+      std::memcpy(&r[m], row_of(8 * m + lane / 4) + 4 * (lane % 4), 4);
+    } else {
+      std::uint16_t lo, hi;
+      const std::uint8_t* r0 = row_of(8 * m + 2 * (lane % 4));
+      const std::uint8_t* r1 = row_of(8 * m + 2 * (lane % 4) + 1);
+      std::memcpy(&lo, r0 + 2 * (lane / 4), 2);
+      std::memcpy(&hi, r1 + 2 * (lane / 4), 2);
+      r[m] = static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);
+    }
+  }
+}
+inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* row, std::source_location loc = std::source_location::current()) {
+  ldmatrix_x4_impl(r, row, false, loc);
+}
+inline void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row,
+                              std::source_location loc = std::source_location::current()) {
+  ldmatrix_x4_impl(r, row, true, loc);
 }
 
 inline void cp_async_16(void* smem, const void* gmem, std::source_location loc = std::source_location::current()) {

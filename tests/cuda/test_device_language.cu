@@ -384,6 +384,24 @@ __global__ void cp_async_kernel(const uint4* src, uint4* dst) {
   dst[2 * n + t] = stage[(t + 3) % n];
 }
 
+// ldmatrix x4 and x4.trans from a 32 x 40 tile of 16-bit values in shared memory (row stride 40
+// values = 80 bytes, so rows are 16-byte aligned and not contiguous): lane l points at row
+// (l % 8) + 8 (l / 8) of the tile, columns `col0` ..; every lane writes its four words of each.
+__global__ void ldmatrix_kernel(const std::uint16_t* tile, int col0, std::uint32_t* out) {
+  __shared__ __align__(16) std::uint16_t s[32 * 40];
+  const int lane = static_cast<int>(threadIdx.x);
+  for (int i = lane; i < 32 * 40; i += 32) s[i] = tile[i];
+  __syncthreads();
+  const std::uint16_t* row = s + ((lane % 8) + 8 * (lane / 8)) * 40 + col0;
+  std::uint32_t r[4], rt[4];
+  gpu::ldmatrix_x4(r, row);
+  gpu::ldmatrix_x4_trans(rt, row);
+  for (int m = 0; m < 4; ++m) {
+    out[lane * 8 + m] = r[m];
+    out[lane * 8 + 4 + m] = rt[m];
+  }
+}
+
 // Bulk copies completed on an mbarrier, two phases of the same barrier: thread 0 announces the
 // bytes and issues the copies in four pieces, every thread waits for the phase and reads.
 __global__ void bulk_copy_kernel(const uint4* src, uint4* dst) {
@@ -910,6 +928,27 @@ TEST(DeviceLanguage, CpAsyncRoundTrips) {
     const int j = (t + 5) % threads;  // chunk n + j: copied by thread j, zero-filled when j is odd
     EXPECT_TRUE(same(dst[threads + t], j % 2 == 0 ? src[threads + j] : zero)) << t;
     EXPECT_TRUE(same(dst[2 * threads + t], src[2 * threads + (t + 3) % threads])) << t;
+  }
+}
+
+TEST(DeviceLanguage, LdmatrixDeliversMmaFragments) {
+  std::mt19937 rng(11);
+  std::vector<std::uint16_t> tile(32 * 40);
+  for (auto& v : tile) v = static_cast<std::uint16_t>(rng());
+  for (int col0 : {0, 8, 32}) {
+    DeviceVector<std::uint16_t> d_tile(tile);
+    DeviceVector<std::uint32_t> d_out(32 * 8);
+    gpu::launch(ldmatrix_kernel, dim3(1), dim3(32), 0, test_stream().handle(), d_tile.get(), col0, d_out.get());
+    const auto out = d_out.to_host();
+    // element (row, col) of matrix m: tile row 8 m + row, column col0 + col
+    auto at = [&](int m, int row, int col) { return static_cast<std::uint32_t>(tile[(8 * m + row) * 40 + col0 + col]); };
+    for (int l = 0; l < 32; ++l)
+      for (int m = 0; m < 4; ++m) {
+        const std::uint32_t want = at(m, l / 4, 2 * (l % 4)) | (at(m, l / 4, 2 * (l % 4) + 1) << 16);
+        const std::uint32_t want_t = at(m, 2 * (l % 4), l / 4) | (at(m, 2 * (l % 4) + 1, l / 4) << 16);
+        EXPECT_EQ(out[l * 8 + m], want) << "col0 " << col0 << " lane " << l << " matrix " << m;
+        EXPECT_EQ(out[l * 8 + 4 + m], want_t) << "col0 " << col0 << " lane " << l << " matrix " << m << " (trans)";
+      }
   }
 }
 
