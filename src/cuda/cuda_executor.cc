@@ -705,6 +705,7 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
     ix.format = index_format;
     ix.max_entries = s.max_entries;
     ix.top_k = static_cast<std::int32_t>(c.index_topk);
+    ix.sm_count = device_.sm_count;
     indexer_query(ix, st);
     gemm_bf16(s.x, D, cap, iw.weights_proj, 1, GemmOutput{s.iw, IH, false}, n_dev, st, gemm_path_);
     const std::int64_t pd = 2 * ID;

@@ -503,6 +503,7 @@ TEST(GpuOpsCache, IndexerScoresAndTopK) {
           a.top_k = top_k;
           a.top_idx = idx.get() + static_cast<std::int64_t>(a.token0) * top_k;
           a.top_count = cnt.get() + a.token0;
+          a.ctas_per_token = part == 0 ? 1 : 0;  // one CTA walking every tile of its token; the grid's choice
           gpu::indexer_scores(a, st());
           gpu::indexer_top_k(a, st());
         }
@@ -740,7 +741,20 @@ TEST(GpuOpsCache, SparseAttention) {
       a.part_ml = part_ml.get();
       a.heads_per_cta = c.heads_per_cta;
       gpu::sparse_attention(a, st());
-      std::vector<float> got = from_bf16(out.download());
+      const std::vector<std::uint16_t> got_bits = out.download();
+      if (c.heads_per_cta != 0) {
+        // The heads a CTA takes change no bit (a token's result must not depend on the grid).
+        DevArray<std::uint16_t> out_other(static_cast<std::size_t>(cap * H * kDim));
+        gpu::AttentionArgs other = a;
+        other.heads_per_cta = c.heads_per_cta == 16 ? 64 : 16;
+        other.out = out_other.get();
+        gpu::sparse_attention(other, st());
+        const std::vector<std::uint16_t> other_bits = out_other.download();
+        std::int64_t differ = 0;
+        for (std::size_t i = 0; i < static_cast<std::size_t>(T * H * kDim); ++i) differ += got_bits[i] != other_bits[i];
+        EXPECT_EQ(differ, 0) << "16 vs 64 heads a CTA: outputs differ (r " << c.ratio << ", heads " << H << ", splits " << splits << ")";
+      }
+      std::vector<float> got = from_bf16(got_bits);
       std::int64_t past = 0;
       for (std::size_t i = static_cast<std::size_t>(T * H * kDim); i < got.size(); ++i) past += !std::isnan(got[i]);
       EXPECT_EQ(past, 0) << "outputs past the step's tokens were written";

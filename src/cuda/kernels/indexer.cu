@@ -1,11 +1,13 @@
 // Lightning indexer kernels (indexer.h).
 #include "cuda/kernels/indexer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "cuda/kernels/launch_check.h"
 #include "cuda/device.h"
 #include "cuda/kernels/cache_access.cuh"
+#include "cuda/kernels/fragments.cuh"
 #include "cuda/kernels/numerics.cuh"
 #include "cuda/kernels/reduce.cuh"
 
@@ -14,8 +16,6 @@ namespace {
 
 constexpr int kDim = 128, kRopeDims = 64;
 constexpr int kMaxHeads = 64;
-constexpr int kKeysPerBlock = 64;
-constexpr int kPad = 8;  // bf16 values of padding per shared row (bank spread)
 
 // ---- query: RoPE, Hadamard, FP4 simulation (one block of 128 threads per token and head) ------
 __global__ void __launch_bounds__(kDim) query_kernel(IndexerArgs a) {
@@ -52,104 +52,204 @@ __global__ void __launch_bounds__(kDim) query_kernel(IndexerArgs a) {
   store_bf16(q + c, e2m1_value(fp4_encode_scaled(x, 1.0f / scale)) * scale);
 }
 
-// ---- scores: one block per (token, 64 entries); 4 warps of 16 heads, bf16 mma ----------------
-__device__ void load_key(const IndexerArgs& a, const EntryBytes& e, int half, std::uint16_t* dst /* 64 values */) {
-  const int d0 = half * 64;
-  if (a.format == IndexerFormat::kBf16) {
-    const std::uint16_t* src = reinterpret_cast<const std::uint16_t*>(e.data) + d0;
-    for (int d = 0; d < 64; ++d) dst[d] = src[d];
-  } else if (a.format == IndexerFormat::kFp4) {
-    for (int d = 0; d < 64; d += 2) {
-      const std::uint8_t byte = e.data[(d0 + d) / 2];
-      const float s = ue8m0_value(e.scales[(d0 + d) / 32]);
-      dst[d] = bf16_bits(e2m1_value(byte & 0xf) * s);
-      dst[d + 1] = bf16_bits(e2m1_value(byte >> 4) * s);
-    }
-  } else {
-    const float s = *reinterpret_cast<const float*>(e.scales);
-    for (int d = 0; d < 64; ++d) dst[d] = bf16_bits(e4m3_value(e.data[d0 + d]) * s);
-  }
+// ---- scores: a CTA per (token, share of its entry tiles); 4 warps of 16 heads, bf16 mma -------
+// A tile is the 64 entries of one cache block (the indexer group holds 256 / 4 = 64 entries a
+// block), so its bytes are one page's: 64 entries' data, then their scales, each contiguous. The
+// CTA keeps its token's queries as mma fragments in registers, copies its next tile's raw bytes
+// (cp.async, double-buffered) while decoding and scoring the current one, and reads the block ids
+// and pages of the tiles after that ahead of their use.
+constexpr int kTile = 64;
+constexpr int kKeyRow = kDim + 8;          // bf16 row stride of decoded keys (ldmatrix, no conflicts)
+constexpr int kRawTile = kTile * 2 * kDim + kTile * 4;  // largest raw tile: bf16 keys (16 KB) + scales
+constexpr int kScoreThreads = 128;
+constexpr int kScoreSmem = 2 * kRawTile + kTile * kKeyRow * 2 + 4 * kTile * 4;
+
+// Four e2m1 codes (the low 16 bits, lowest element in the lowest nibble) as four bf16 values of
+// code x 2^e, in two words (lower element in the lower half). `lo_tab` / `hi_tab`: the low and
+// high bytes of the bf16 bits of the magnitudes 0..7 at this scale (bytes 0-3 then 4-7).
+__device__ __forceinline__ void e2m1x4_to_bf16x4(std::uint32_t codes, const std::uint32_t (&lo_tab)[2],
+                                                 const std::uint32_t (&hi_tab)[2], std::uint32_t* out) {
+  const std::uint32_t mag = codes & 0x7777u;
+  const std::uint32_t lo = __byte_perm(lo_tab[0], lo_tab[1], mag);
+  const std::uint32_t sign = __byte_perm(0u, 0x80808080u, (codes & 0x8888u) >> 1);  // selector 4: 0x80
+  const std::uint32_t hi = __byte_perm(hi_tab[0], hi_tab[1], mag) | sign;
+  out[0] = __byte_perm(lo, hi, 0x5140);
+  out[1] = __byte_perm(lo, hi, 0x7362);
 }
 
-__global__ void __launch_bounds__(128) scores_kernel(IndexerArgs a, float weight_scale) {
-  __shared__ __align__(16) std::uint16_t qs[kMaxHeads][kDim + kPad];
-  __shared__ __align__(16) std::uint16_t ks[kKeysPerBlock][kDim + kPad];
+// The byte tables of e2m1x4_to_bf16x4 for the block scale 2^e (UE8M0 byte `scale`).
+__device__ __forceinline__ void e2m1_tables(std::uint8_t scale, std::uint32_t (&lo_tab)[2], std::uint32_t (&hi_tab)[2]) {
+  const float s = ue8m0_value(scale);
+  std::uint32_t lo[2] = {0, 0}, hi[2] = {0, 0};
+  DSV4_UNROLL
+  for (int m = 1; m < 8; ++m) {
+    const std::uint32_t b = bf16_bits(e2m1_value(static_cast<std::uint8_t>(m)) * s);
+    lo[m / 4] |= (b & 0xffu) << (8 * (m % 4));
+    hi[m / 4] |= ((b >> 8) & 0xffu) << (8 * (m % 4));
+  }
+  lo_tab[0] = lo[0];
+  lo_tab[1] = lo[1];
+  hi_tab[0] = hi[0];
+  hi_tab[1] = hi[1];
+}
+
+struct TileSource {
+  std::int64_t page = -1;  // -1: the block is not held (zeros)
+};
+
+__global__ void __launch_bounds__(kScoreThreads) scores_kernel(IndexerArgs a, float weight_scale) {
+  DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
+  std::uint8_t* raw = smem;                                                         // [2][kRawTile]
+  std::uint16_t* ks = reinterpret_cast<std::uint16_t*>(smem + 2 * kRawTile);       // [kTile][kKeyRow]
+  float* colsum = reinterpret_cast<float*>(ks + kTile * kKeyRow);                   // [4][kTile]
   __shared__ float wts[kMaxHeads];
-  __shared__ float colsum[4][kKeysPerBlock];
   const DeviceStep& st = *a.step;
   const int i = blockIdx.y;
   const int t = a.token0 + i;
   if (t >= st.n_tokens) return;
   const std::int64_t n = (static_cast<std::int64_t>(st.positions[t]) + 1) / 4;
-  const std::int64_t j0 = static_cast<std::int64_t>(blockIdx.x) * kKeysPerBlock;
-  if (j0 >= n) return;
+  const std::int64_t tiles = (n + kTile - 1) / kTile;
+  if (static_cast<std::int64_t>(blockIdx.x) >= tiles) return;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const int row = st.token_row[t];
-  // Queries (rows past `heads` are zero) and weights.
-  for (int idx = tid; idx < kMaxHeads * kDim; idx += 128) {
-    const int h = idx / kDim, d = idx % kDim;
-    qs[h][d] = h < a.heads ? a.q[(static_cast<std::int64_t>(t) * a.heads + h) * kDim + d] : std::uint16_t{0};
+  const DeviceCacheGroup& kg = st.groups[a.key_group];
+  DSV4_DEVICE_ASSERT(kg.entries_per_block == kTile);
+  const std::int64_t table_base = kg.table_base[row];
+  const std::int32_t table_begin = kg.table_start[row], table_end = kg.table_start[row + 1];
+  const int data_bytes = kg.data_bytes, scale_bytes = kg.scale_bytes, layer_slot = a.layer_slot;
+
+  // This warp's 16 heads as A fragments (rows past `heads` zero), the rows' weights.
+  std::uint32_t qf[kDim / 16][4];
+  {
+    const int h0 = warp * 16 + g, h1 = h0 + 8;
+    const std::uint16_t* q0 = a.q + (static_cast<std::int64_t>(t) * a.heads + h0) * kDim + tig * 2;
+    const std::uint16_t* q1 = a.q + (static_cast<std::int64_t>(t) * a.heads + h1) * kDim + tig * 2;
+    DSV4_UNROLL
+    for (int kk = 0; kk < kDim / 16; ++kk) {
+      qf[kk][0] = h0 < a.heads ? *reinterpret_cast<const std::uint32_t*>(q0 + kk * 16) : 0u;
+      qf[kk][1] = h1 < a.heads ? *reinterpret_cast<const std::uint32_t*>(q1 + kk * 16) : 0u;
+      qf[kk][2] = h0 < a.heads ? *reinterpret_cast<const std::uint32_t*>(q0 + kk * 16 + 8) : 0u;
+      qf[kk][3] = h1 < a.heads ? *reinterpret_cast<const std::uint32_t*>(q1 + kk * 16 + 8) : 0u;
+    }
   }
   if (tid < kMaxHeads) {
     wts[tid] = tid < a.heads ? round_bf16(bf16_value(a.weights[static_cast<std::int64_t>(t) * a.heads + tid]) * weight_scale)
                              : 0.0f;
   }
-  // Keys: two threads per entry, 64 dims each.
-  {
-    const int key = tid >> 1, half = tid & 1;
-    const std::int64_t j = j0 + key;
-    std::uint16_t* dst = &ks[key][half * 64];
-    const DeviceCacheGroup& g_keys = st.groups[a.key_group];
-    const std::int64_t slot = j < n ? table_slot(g_keys, row, j) : -1;
-    if (slot >= 0) {
-      load_key(a, entry_bytes(g_keys, slot, a.layer_slot), half, dst);
-    } else {
-      for (int d = 0; d < 64; ++d) dst[d] = 0;
+
+  // Tiles of this CTA: blockIdx.x, + gridDim.x, ...; the block id of tile b is read one tile
+  // ahead of its page, the page one tile ahead of the copy.
+  const std::int64_t stride = gridDim.x;
+  auto block_of = [&](std::int64_t b) -> std::int32_t {
+    const std::int64_t k = b - table_base;
+    if (b >= tiles || k < 0 || table_begin + k >= table_end) return -1;
+    return kg.block_ids[table_begin + k];
+  };
+  auto page_of = [&](std::int32_t block) -> std::int64_t {
+    return block < 0 ? -1 : kg.page_table[static_cast<std::int64_t>(block) * kg.layers + layer_slot];
+  };
+  const std::uint8_t* nowhere = reinterpret_cast<const std::uint8_t*>(a.q);
+  auto issue = [&](std::int64_t b, std::int64_t page, int buf) {
+    if (b < tiles) {
+      const bool ok = page >= 0;
+      const std::uint8_t* src = kg.pool + (ok ? page : 0) * kg.page_bytes;
+      std::uint8_t* dst = raw + buf * kRawTile;
+      const int data16 = kTile * data_bytes / 16, scale16 = kTile * scale_bytes / 16;
+      for (int u = tid; u < data16 + scale16; u += kScoreThreads) {
+        // data, then the scales (at data16 * 16 in the page and in the stage alike)
+        cp_async_16_zfill(dst + u * 16, ok ? src + u * 16 : nowhere, ok);
+      }
     }
-  }
-  __syncthreads();
-  float acc[8][4];
-  DSV4_UNROLL
-  for (int ni = 0; ni < 8; ++ni)
+    cp_async_commit();
+  };
+
+  std::int64_t b = blockIdx.x;
+  issue(b, page_of(block_of(b)), 0);
+  std::int64_t page_next = page_of(block_of(b + stride));   // tile b + stride
+  std::int32_t block_after = block_of(b + 2 * stride);        // tile b + 2 stride
+  for (int it = 0; b < tiles; ++it, b += stride) {
+    // Copy tile b + stride (its page was read one tile ago), read tile b + 2 stride's page (its
+    // block id came one tile ago) and tile b + 3 stride's block id.
+    issue(b + stride, page_next, (it + 1) & 1);
+    page_next = page_of(block_after);
+    block_after = block_of(b + 3 * stride);
+    cp_async_wait<1>();
+    __syncthreads();  // tile b's bytes visible; the previous tile's keys and sums no longer read
+
+    // Decode the tile into bf16 keys: 4 units of 32 dims per entry.
+    const std::uint8_t* src = raw + (it & 1) * kRawTile;
+    for (int u = tid; u < kTile * 4; u += kScoreThreads) {
+      const int e = u >> 2, part = u & 3;
+      uint4* dst = reinterpret_cast<uint4*>(ks + e * kKeyRow + part * 32);
+      if (a.format == IndexerFormat::kFp4) {
+        const uint4 v = *reinterpret_cast<const uint4*>(src + e * 64 + part * 16);
+        std::uint32_t lo_tab[2], hi_tab[2];
+        e2m1_tables(src[kTile * 64 + e * 4 + part], lo_tab, hi_tab);
+        const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        DSV4_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          std::uint32_t o[4];
+          e2m1x4_to_bf16x4(w[j] & 0xffffu, lo_tab, hi_tab, o);
+          e2m1x4_to_bf16x4(w[j] >> 16, lo_tab, hi_tab, o + 2);
+          dst[j] = make_uint4(o[0], o[1], o[2], o[3]);
+        }
+      } else if (a.format == IndexerFormat::kFp8) {
+        const float scale = *reinterpret_cast<const float*>(src + kTile * 128 + e * 4);
+        const uint4 v0 = *reinterpret_cast<const uint4*>(src + e * 128 + part * 32);
+        const uint4 v1 = *reinterpret_cast<const uint4*>(src + e * 128 + part * 32 + 16);
+        const std::uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+        DSV4_UNROLL
+        for (int j = 0; j < 4; ++j)
+          dst[j] = make_uint4(e4m3x2_to_bf16x2(w[2 * j] & 0xffffu, scale), e4m3x2_to_bf16x2(w[2 * j] >> 16, scale),
+                              e4m3x2_to_bf16x2(w[2 * j + 1] & 0xffffu, scale), e4m3x2_to_bf16x2(w[2 * j + 1] >> 16, scale));
+      } else {
+        const uint4* v = reinterpret_cast<const uint4*>(src + e * 256 + part * 64);
+        DSV4_UNROLL
+        for (int j = 0; j < 4; ++j) dst[j] = v[j];
+      }
+    }
+    __syncthreads();
+
+    // q . k for this warp's 16 heads and the tile's 64 entries.
+    float acc[8][4];
     DSV4_UNROLL
-    for (int e = 0; e < 4; ++e) acc[ni][e] = 0.0f;
-  DSV4_UNROLL
-  for (int kk = 0; kk < kDim / 16; ++kk) {
-    std::uint32_t af[4];
-    const std::uint16_t* qa = &qs[warp * 16 + g][kk * 16 + tig * 2];
-    af[0] = *reinterpret_cast<const std::uint32_t*>(qa);
-    af[1] = *reinterpret_cast<const std::uint32_t*>(qa + 8 * (kDim + kPad));
-    af[2] = *reinterpret_cast<const std::uint32_t*>(qa + 8);
-    af[3] = *reinterpret_cast<const std::uint32_t*>(qa + 8 * (kDim + kPad) + 8);
+    for (int ni = 0; ni < 8; ++ni)
+      DSV4_UNROLL
+      for (int e = 0; e < 4; ++e) acc[ni][e] = 0.0f;
+    const LaneOffset bl = b_rows_n_lane(lane);
+    const std::uint16_t* kb = ks + bl.row * kKeyRow + bl.col;
+    DSV4_UNROLL
+    for (int kk = 0; kk < kDim / 16; ++kk) {
+      DSV4_UNROLL
+      for (int np = 0; np < 4; ++np) {
+        std::uint32_t bf[4];
+        ldmatrix_x4(bf, kb + np * 16 * kKeyRow + kk * 16);
+        mma_bf16_two_tiles(acc[2 * np], acc[2 * np + 1], qf[kk], bf);
+      }
+    }
+    // Per entry: sum over heads of bf16(ReLU(bf16(q.k)) * w), rounded to bf16.
+    const float w0 = wts[warp * 16 + g], w1 = wts[warp * 16 + g + 8];
     DSV4_UNROLL
     for (int ni = 0; ni < 8; ++ni) {
-      std::uint32_t bf[2];
-      const std::uint16_t* kb = &ks[ni * 8 + g][kk * 16 + tig * 2];
-      bf[0] = *reinterpret_cast<const std::uint32_t*>(kb);
-      bf[1] = *reinterpret_cast<const std::uint32_t*>(kb + 8);
-      mma_m16n8k16_bf16(acc[ni], af, bf, acc[ni]);
+      DSV4_UNROLL
+      for (int e = 0; e < 2; ++e) {
+        const float p0 = round_bf16(fmaxf(round_bf16(acc[ni][e]), 0.0f) * w0);
+        const float p1 = round_bf16(fmaxf(round_bf16(acc[ni][2 + e]), 0.0f) * w1);
+        float s = p0 + p1;
+        s += __shfl_xor_sync(0xffffffffu, s, 4);
+        s += __shfl_xor_sync(0xffffffffu, s, 8);
+        s += __shfl_xor_sync(0xffffffffu, s, 16);
+        if (g == 0) colsum[warp * kTile + ni * 8 + tig * 2 + e] = s;
+      }
+    }
+    __syncthreads();
+    const std::int64_t j = b * kTile + tid;
+    if (tid < kTile && j < n) {
+      const float total = ((colsum[tid] + colsum[kTile + tid]) + colsum[2 * kTile + tid]) + colsum[3 * kTile + tid];
+      a.scores[static_cast<std::int64_t>(i) * a.max_entries + j] = round_bf16(total);
     }
   }
-  // Per entry: sum over heads of bf16(ReLU(bf16(q.k)) * w), rounded to bf16.
-  DSV4_UNROLL
-  for (int ni = 0; ni < 8; ++ni) {
-    DSV4_UNROLL
-    for (int e = 0; e < 2; ++e) {
-      const int h0 = warp * 16 + g, h1 = h0 + 8;
-      const float p0 = round_bf16(fmaxf(round_bf16(acc[ni][e]), 0.0f) * wts[h0]);
-      const float p1 = round_bf16(fmaxf(round_bf16(acc[ni][2 + e]), 0.0f) * wts[h1]);
-      float s = p0 + p1;
-      s += __shfl_xor_sync(0xffffffffu, s, 4);
-      s += __shfl_xor_sync(0xffffffffu, s, 8);
-      s += __shfl_xor_sync(0xffffffffu, s, 16);
-      if (g == 0) colsum[warp][ni * 8 + tig * 2 + e] = s;
-    }
-  }
-  __syncthreads();
-  if (tid < kKeysPerBlock && j0 + tid < n) {
-    const float total = ((colsum[0][tid] + colsum[1][tid]) + colsum[2][tid]) + colsum[3][tid];
-    a.scores[static_cast<std::int64_t>(i) * a.max_entries + j0 + tid] = round_bf16(total);
-  }
+  cp_async_wait_all();  // no copy outlives the CTA
 }
 
 // ---- top-k: radix select on the 16-bit keys of bf16 scores, then an ordered compaction --------
@@ -163,22 +263,26 @@ __device__ __forceinline__ std::uint32_t score_key(float f) {
 
 constexpr int kTopThreads = 1024;
 
-// Exclusive prefix of `flag` over the block (in thread order) plus the block total; `warp_tot`
+// Exclusive prefix sum of `v` over the block in thread order, and the block's total; `warp_tot`
 // is 32 ints of shared memory.
-__device__ __forceinline__ int block_exclusive(bool flag, int* warp_tot, int* total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const unsigned mask = __ballot_sync(0xffffffffu, flag);
-  const int before = __popc(mask & ((1u << lane) - 1u));
-  __syncthreads();
-  if (lane == 0) warp_tot[warp] = __popc(mask);
+__device__ __forceinline__ int block_exclusive_sum(int v, int* warp_tot, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = static_cast<int>(blockDim.x >> 5);
+  int incl = v;
+  DSV4_UNROLL
+  for (int d = 1; d < 32; d *= 2) {
+    const int u = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += u;
+  }
+  __syncthreads();  // warp_tot free
+  if (lane == 31) warp_tot[warp] = incl;
   __syncthreads();
   int offset = 0, sum = 0;
-  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) {
+  for (int w = 0; w < warps; ++w) {
     if (w < warp) offset += warp_tot[w];
     sum += warp_tot[w];
   }
   *total = sum;
-  return offset + before;
+  return offset + incl - v;
 }
 
 __global__ void __launch_bounds__(kTopThreads) top_k_kernel(IndexerArgs a) {
@@ -204,13 +308,17 @@ __global__ void __launch_bounds__(kTopThreads) top_k_kernel(IndexerArgs a) {
   for (int pass = 0; pass < 2; ++pass) {
     for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
     __syncthreads();
-    for (std::int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const std::uint32_t key = score_key(sc[j]);
-      if (pass == 0) {
-        atomicAdd(&hist[key >> 8], 1);
-      } else if ((key >> 8) == prefix) {
-        atomicAdd(&hist[key & 0xff], 1);
+    // Scores cluster in few bins: the lanes of a warp that hit the same bin add once, together.
+    for (std::int64_t base = 0; base < n; base += blockDim.x) {
+      const std::int64_t j = base + threadIdx.x;
+      int bin = -1;
+      if (j < n) {
+        const std::uint32_t key = score_key(sc[j]);
+        if (pass == 0) bin = static_cast<int>(key >> 8);
+        else if ((key >> 8) == prefix) bin = static_cast<int>(key & 0xff);
       }
+      const unsigned peers = __match_any_sync(0xffffffffu, bin);
+      if (bin >= 0 && static_cast<int>(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -228,20 +336,26 @@ __global__ void __launch_bounds__(kTopThreads) top_k_kernel(IndexerArgs a) {
     __syncthreads();
   }
   const std::uint32_t threshold = prefix;  // entries above it all go; `need` of those equal, lowest index first
-  int eq_carry = 0, out_carry = 0;
-  for (std::int64_t base = 0; base < n; base += blockDim.x) {
-    const std::int64_t j = base + threadIdx.x;
-    const std::uint32_t key = j < n ? score_key(sc[j]) : 0u;
-    const bool gt = j < n && key > threshold;
-    const bool eq = j < n && key == threshold;
-    int eq_total = 0;
-    const int eq_rank = eq_carry + block_exclusive(eq, warp_tot, &eq_total);
-    const bool sel = gt || (eq && eq_rank < need);
-    int sel_total = 0;
-    const int pos = out_carry + block_exclusive(sel, warp_tot, &sel_total);
-    if (sel) out[pos] = static_cast<std::int32_t>(j);
-    eq_carry += eq_total;
-    out_carry += sel_total;
+  // Thread u takes the contiguous entries [u seg, (u + 1) seg): it counts its entries above and
+  // equal to the threshold, two block scans place its selections, and it writes them in order
+  // (the list comes out ascending with a handful of barriers, not two per blockDim entries).
+  const std::int64_t seg = (n + blockDim.x - 1) / blockDim.x;
+  const std::int64_t lo = min(n, static_cast<std::int64_t>(threadIdx.x) * seg), hi = min(n, lo + seg);
+  int gt = 0, eq = 0;
+  for (std::int64_t j = lo; j < hi; ++j) {
+    const std::uint32_t key = score_key(sc[j]);
+    gt += key > threshold;
+    eq += key == threshold;
+  }
+  int eq_total = 0, sel_total = 0;
+  const int eq_before = block_exclusive_sum(eq, warp_tot, &eq_total);
+  const int eq_taken = max(0, min(eq, need - eq_before));
+  int pos = block_exclusive_sum(gt + eq_taken, warp_tot, &sel_total);
+  int eq_rank = eq_before;
+  for (std::int64_t j = lo; j < hi; ++j) {
+    const std::uint32_t key = score_key(sc[j]);
+    const bool take = key > threshold || (key == threshold && eq_rank++ < need);
+    if (take) out[pos++] = static_cast<std::int32_t>(j);
   }
   if (threadIdx.x == 0) a.top_count[i] = k;
 }
@@ -261,9 +375,16 @@ void indexer_scores(const IndexerArgs& args, gpu_stream_t stream) {
   // indexer_weight_scale: the product taken in double, then fp32.
   const float weight_scale =
       static_cast<float>(std::pow(static_cast<double>(kDim), -0.5) * std::pow(static_cast<double>(args.heads), -0.5));
-  launch(scores_kernel,
-         dim3(static_cast<unsigned>((args.max_entries + kKeysPerBlock - 1) / kKeysPerBlock), static_cast<unsigned>(args.capacity)),
-         dim3(128), 0, stream, args, weight_scale);
+  // CTAs per token: about 8 per SM over the call's tokens, at most one per tile; each takes every
+  // gridDim.x-th tile of its token.
+  const std::int64_t max_tiles = (args.max_entries + kTile - 1) / kTile;
+  const std::int64_t per_token = args.ctas_per_token > 0 ? args.ctas_per_token
+                                                         : (8 * static_cast<std::int64_t>(args.sm_count) + args.capacity - 1) / args.capacity;
+  const auto grid_x = static_cast<unsigned>(std::clamp<std::int64_t>(per_token, 1, max_tiles));
+  static const bool smem_set = (set_max_dynamic_smem(scores_kernel, kScoreSmem), true);
+  (void)smem_set;
+  launch(scores_kernel, dim3(grid_x, static_cast<unsigned>(args.capacity)), dim3(kScoreThreads), kScoreSmem, stream, args,
+         weight_scale);
 }
 
 void indexer_top_k(const IndexerArgs& args, gpu_stream_t stream) {

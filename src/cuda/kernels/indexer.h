@@ -35,6 +35,8 @@ struct IndexerArgs {
   std::int32_t top_k = 512;
   std::int32_t* top_idx = nullptr;    // [capacity][top_k] ascending entries
   std::int32_t* top_count = nullptr;  // [capacity]
+  std::int32_t sm_count = 132;        // the GPU's SMs (how many CTAs share a token's entries)
+  std::int32_t ctas_per_token = 0;    // 0: chosen by the grid size (tests force 1: one CTA walks every tile)
 };
 
 void indexer_query(const IndexerArgs& args, gpu_stream_t stream);
