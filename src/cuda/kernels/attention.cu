@@ -6,6 +6,7 @@
 #include "cuda/kernels/launch_check.h"
 #include "cuda/device.h"
 #include "cuda/kernels/cache_access.cuh"
+#include "cuda/kernels/fragments.cuh"
 #include "cuda/kernels/numerics.cuh"
 #include "cuda/kernels/reduce.cuh"
 #include "numerics/exp_float.h"
@@ -14,12 +15,28 @@ namespace dsv4::gpu {
 namespace {
 
 constexpr int kDim = 512, kNope = 448;
-constexpr int kKeys = 64;         // keys per chunk
-constexpr int kRow = kDim + 8;    // shared row stride in bf16 values (bank spread)
-constexpr int kThreads = 256;     // 8 warps: row tiles of 16 heads x output column groups
-// Shared memory of a CTA of kHeads heads: its queries and one chunk of keys.
-constexpr int smem_bytes(int heads) { return (heads + kKeys) * kRow * 2; }
+constexpr int kKeys = 64;          // keys per chunk
+constexpr int kRow = kDim + 8;     // bf16 row stride of queries and keys in shared memory (16-byte
+                                   // aligned rows, ldmatrix without bank conflicts)
+constexpr int kPRow = kKeys + 8;   // bf16 row stride of the probabilities
+constexpr int kRawKey = 592;       // a staged fp8 entry: 576 data bytes, then the 16-byte chunk of
+                                   // the scale region holding its 8 scale bytes
+constexpr int kThreads = 256;      // 8 warps
+constexpr int kAhead = 4;          // key addresses are resolved over 4 chunks ahead (see below)
 constexpr int kMaxSplitTokens = 256;  // splits * tokens bound of the partial buffers
+// Probabilities inside the key loop are exp2((s - max) log2 e): the hardware's exp2 (about 2 ulp
+// in fp32, like exp_float) instead of exp_float's 30-odd operations per key and head; the sink
+// term and the split merge keep exp_float. The probabilities are rounded to bf16 before P.V.
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Shared memory of a CTA of `heads` heads: queries, one chunk of keys as bf16, two staged chunks
+// of raw fp8 entries, the chunk's probabilities, per-warp row maxima and sums, the scale offsets.
+constexpr int key_groups(int heads) { return 8 / (heads / 16); }
+constexpr int smem_bytes(int heads) {
+  return (heads + kKeys) * kRow * 2 + 2 * kKeys * kRawKey + heads * kPRow * 2 + (key_groups(heads) + kKeys / 8) * heads * 4 +
+         2 * kKeys;
+}
+static_assert(smem_bytes(64) <= 227 * 1024, "a CTA of 64 heads must fit the SM's shared memory");
 
 struct KeySet {
   int n_window = 0, first = 0, n_keys = 0;
@@ -37,58 +54,56 @@ __device__ __forceinline__ KeySet key_set(const AttentionArgs& a, const DeviceSt
   return k;
 }
 
-// The cache entry of key i of token t (window positions first, then compressed entries).
-__device__ __forceinline__ EntryBytes key_entry(const AttentionArgs& a, const DeviceStep& st, int t, int row,
-                                                const KeySet& ks, int i, bool* ok) {
-  std::int64_t slot;
-  const DeviceCacheGroup* g;
-  int layer_slot;
-  if (i < ks.n_window) {
-    g = &st.groups[a.window_group];
-    layer_slot = a.window_layer_slot;
-    slot = table_slot(*g, row, ks.first + i);
-  } else {
-    g = &st.groups[a.compressed_group];
-    layer_slot = a.compressed_layer_slot;
-    const int c = i - ks.n_window;
-    const std::int64_t entry = a.ratio == 4 ? a.top_idx[static_cast<std::int64_t>(t) * a.top_k + c] : c;
-    slot = table_slot(*g, row, entry);
-  }
-  *ok = slot >= 0;
-  return entry_bytes(*g, slot < 0 ? 0 : slot, layer_slot);
+// A row's block table in one cache group (executor/step_plan.cc table_slot).
+struct RowTable {
+  std::int64_t base = 0;
+  std::int32_t begin = 0, end = 0;
+};
+__device__ __forceinline__ RowTable row_table(const DeviceCacheGroup& g, int row) {
+  return {g.table_base[row], g.table_start[row], g.table_start[row + 1]};
 }
 
-// Dims [128 * part, 128 * part + 128) of a key as bf16 bits (fp8 nope dims times their block
-// scale: exact in bf16).
-__device__ void load_key_part(const EntryBytes& e, bool fp8, int part, std::uint16_t* dst) {
-  const int d0 = part * 128;
-  if (!fp8) {
-    const uint4* src = reinterpret_cast<const uint4*>(e.data + d0 * 2);
-    uint4* out = reinterpret_cast<uint4*>(dst);
-    DSV4_UNROLL
-    for (int i = 0; i < 16; ++i) out[i] = src[i];
-    return;
+// Key i of a token is found in three dependent reads -- its index (a window position, a CSA
+// top-k entry, an HCA entry), the block id from the row's block table, the page from the page
+// table -- then its bytes are copied. Each read is issued one chunk before its result is used,
+// so the chain runs kAhead chunks ahead of the arithmetic and its latency hides behind it.
+struct KeyLookup {
+  const DeviceCacheGroup* win_group;   // copies of the two groups in shared memory
+  const DeviceCacheGroup* comp_group;
+  const std::int32_t* top_idx;         // CSA: this token's list
+  std::int32_t win_slot, comp_slot, ratio;
+  KeySet keys;
+  RowTable win, comp;
+  __device__ __forceinline__ bool in_window(int i) const { return i < keys.n_window; }
+  __device__ __forceinline__ const DeviceCacheGroup& group(int i) const { return in_window(i) ? *win_group : *comp_group; }
+  // The index of key i (-1: past the token's keys). Reads top_idx on CSA layers.
+  __device__ __forceinline__ std::int64_t index(int i) const {
+    if (i >= keys.n_keys) return -1;
+    if (in_window(i)) return keys.first + i;
+    const int c = i - keys.n_window;
+    return ratio == 4 ? top_idx[c] : c;
   }
-  for (int d = d0; d < d0 + 128; d += 16) {
-    if (d < kNope) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(e.data + d);
-      const float s = ue8m0_value(e.scales[d / 64]);
-      DSV4_UNROLL
-      for (int j = 0; j < 16; ++j) dst[d - d0 + j] = bf16_bits(e4m3_value(static_cast<std::uint8_t>(byte_of(raw, j))) * s);
-    } else {
-      const uint4* src = reinterpret_cast<const uint4*>(e.data + kNope + (d - kNope) * 2);
-      uint4* out = reinterpret_cast<uint4*>(dst + (d - d0));
-      out[0] = src[0];
-      out[1] = src[1];
-    }
+  // The block id holding it (-1: not held).
+  __device__ __forceinline__ std::int32_t block(int i, std::int64_t index) const {
+    if (index < 0) return -1;
+    const DeviceCacheGroup& g = group(i);
+    const bool w = in_window(i);
+    const std::int64_t base = w ? win.base : comp.base;
+    const std::int32_t begin = w ? win.begin : comp.begin, end = w ? win.end : comp.end;
+    const std::int64_t k = index / g.entries_per_block - base;
+    if (k < 0 || begin + k >= end) return -1;
+    return g.block_ids[begin + k];
   }
-}
+  // Its page (-1: not held).
+  __device__ __forceinline__ std::int64_t page(int i, std::int32_t block) const {
+    if (block < 0) return -1;
+    const DeviceCacheGroup& g = group(i);
+    return g.page_table[static_cast<std::int64_t>(block) * g.layers + (in_window(i) ? win_slot : comp_slot)];
+  }
+};
 
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   return static_cast<std::uint32_t>(bf16_bits(lo)) | (static_cast<std::uint32_t>(bf16_bits(hi)) << 16);
-}
-__device__ __forceinline__ std::uint32_t pack_bits(std::uint16_t lo, std::uint16_t hi) {
-  return static_cast<std::uint32_t>(lo) | (static_cast<std::uint32_t>(hi) << 16);
 }
 
 // Output value of dims (d, d + 1) of a head: bf16, then the inverse RoPE on rope dims, bf16.
@@ -106,27 +121,58 @@ __device__ __forceinline__ void finish_pair(float v0, float v1, int d, const flo
   out[d + 1] = bf16_bits(x1);
 }
 
-// A CTA takes kHeads heads (64: 4 row tiles x 2 column halves of warps; 16, for steps with few
-// tokens: 1 row tile x 8 column groups, every warp computing the same scores) -- the same
-// arithmetic per head either way.
+// A CTA takes kHeads heads of one token (64; or 16 for steps with few tokens) and a range of its
+// key chunks. Per chunk of 64 keys:
+//   1. the raw fp8 entries of the next chunk are copied (cp.async) into the other stage buffer;
+//      this chunk's entries are dequantized into bf16 keys (exact: fp8 code x power-of-two scale)
+//   2. S = Q K^T: warp (wr, wk) takes heads 16 wr .. 16 wr + 15 and its key group wk (32 or 8
+//      keys), bf16 mma from ldmatrix fragments
+//   3. online softmax: the chunk's row maxima through shared memory (every warp of a row then
+//      holds the same running max), P = exp(S - max) rounded to bf16 into shared memory, sums
+//   4. O += P V: warp (wr, wk) takes the same heads and output dims 512 / groups * wk .., V
+//      fragments by ldmatrix.trans from the same bf16 keys
+// bf16 caches skip step 1's dequantization: their entries are copied straight into the keys.
 template <int kHeads>
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a) {
-  constexpr int kRowTiles = kHeads / 16, kColGroups = 8 / kRowTiles;
-  constexpr int kWarpDims = kDim / kColGroups, kNTiles = kWarpDims / 8;
-  DSV4_DYNAMIC_SMEM(std::uint16_t, smem);
-  std::uint16_t* qs = smem;                  // [kHeads][kRow]
-  std::uint16_t* ks = smem + kHeads * kRow;  // [64 keys][kRow]
+  constexpr int kRowTiles = kHeads / 16, kGroups = 8 / kRowTiles;
+  constexpr int kWarpKeys = kKeys / kGroups, kSN = kWarpKeys / 8;  // S n-tiles of a warp
+  constexpr int kWarpDims = kDim / kGroups, kNT = kWarpDims / 8;   // O n-tiles of a warp
+  DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
+  std::uint16_t* qs = reinterpret_cast<std::uint16_t*>(smem);            // [kHeads][kRow]
+  std::uint16_t* ks = qs + kHeads * kRow;                                // [kKeys][kRow]
+  std::uint8_t* raw = reinterpret_cast<std::uint8_t*>(ks + kKeys * kRow);  // [2][kKeys][kRawKey]
+  std::uint16_t* ps = reinterpret_cast<std::uint16_t*>(raw + 2 * kKeys * kRawKey);  // [kHeads][kPRow]
+  float* red_max = reinterpret_cast<float*>(ps + kHeads * kPRow);        // [kGroups][kHeads]
+  float* red_sum = red_max + kGroups * kHeads;                           // [kKeys / 8][kHeads]
+  std::uint8_t* scale_at = reinterpret_cast<std::uint8_t*>(red_sum + (kKeys / 8) * kHeads);  // [2][kKeys]
+
+  __shared__ DeviceCacheGroup groups_s[2];  // the window's and the compressed entries'
+
   const DeviceStep& st = *a.step;
   const int t = blockIdx.x;
   if (t >= st.n_tokens) return;
   const int hg = blockIdx.y, split = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
-  const int wr = warp % kRowTiles, wc = warp / kRowTiles;
+  const int wr = warp % kRowTiles, wk = warp / kRowTiles;
   const int row = st.token_row[t];
-  const KeySet keys = key_set(a, st, t);
-  const int chunks = (keys.n_keys + kKeys - 1) / kKeys;
+
+  if (tid == 0) {
+    groups_s[0] = st.groups[a.window_group];
+    groups_s[1] = st.groups[a.compressed_group];
+  }
+  KeyLookup look;
+  look.win_group = &groups_s[0];
+  look.comp_group = &groups_s[1];
+  look.top_idx = a.top_idx + static_cast<std::int64_t>(t) * a.top_k;
+  look.win_slot = a.window_layer_slot;
+  look.comp_slot = a.compressed_layer_slot;
+  look.ratio = a.ratio;
+  look.keys = key_set(a, st, t);
+  look.win = row_table(st.groups[a.window_group], row);
+  if (a.ratio != 0) look.comp = row_table(st.groups[a.compressed_group], row);
+  const int chunks = (look.keys.n_keys + kKeys - 1) / kKeys;
   const int per_split = (chunks + a.splits - 1) / a.splits;
-  const int c_begin = split * per_split, c_end = min(chunks, c_begin + per_split);
+  const int c_begin = min(chunks, split * per_split), c_end = min(chunks, c_begin + per_split);
 
   for (int idx = tid; idx < kHeads * (kDim / 8); idx += kThreads) {
     const int h = idx / (kDim / 8), part = idx % (kDim / 8);
@@ -136,110 +182,205 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     *reinterpret_cast<uint4*>(qs + h * kRow + part * 8) = v;
   }
 
+  // Thread tid copies part tid % 4 of key tid / 4 of a chunk; it resolves that key's address.
+  const int my_key = tid >> 2, my_part = tid & 3;
+  std::int64_t idx_next = -1, blk_index = -1, pg_index = -1, pg = -1;
+  std::int32_t blk = -1;
+  const std::uint8_t* held_data = nullptr;  // bf16 caches: the entry of the next chunk
+
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float o[kNTiles][4];
+  float o[kNT][4];
   DSV4_UNROLL
-  for (int nj = 0; nj < kNTiles; ++nj)
+  for (int nj = 0; nj < kNT; ++nj)
     DSV4_UNROLL
     for (int e = 0; e < 4; ++e) o[nj][e] = 0.0f;
 
-  for (int c = c_begin; c < c_end; ++c) {
-    __syncthreads();  // the previous chunk's keys are no longer read
+  __syncthreads();  // groups_s
+  // Copies of keys that are not there read nothing (zero fill); they still name a global address.
+  const std::uint8_t* nowhere = reinterpret_cast<const std::uint8_t*>(a.q);
+  for (int c = c_begin - kAhead; c < c_end; ++c) {
+    const std::uint8_t* chunk_data = held_data;  // bf16 caches: this chunk's entry
+    // Address pipeline: chunk c + 1 copied, c + 2 paged, c + 3 blocked, c + 4 indexed.
     {
-      const int key = tid >> 2, part = tid & 3;
-      const int i = c * kKeys + key;
-      std::uint16_t* dst = ks + key * kRow + part * 128;
-      bool ok = false;
-      EntryBytes e{nullptr, nullptr};
-      if (i < keys.n_keys) e = key_entry(a, st, t, row, keys, i, &ok);
-      if (ok) {
-        load_key_part(e, a.kv_fp8, part, dst);
-      } else {
-        for (int d = 0; d < 128; d += 8) *reinterpret_cast<uint4*>(dst + d) = make_uint4(0, 0, 0, 0);
+      const int i1 = (c + 1) * kKeys + my_key, i2 = i1 + kKeys, i3 = i2 + kKeys, i4 = i3 + kKeys;
+      if (c + 1 >= c_begin && c + 1 < c_end) {
+        const DeviceCacheGroup& grp = look.group(i1);
+        const bool ok = pg >= 0;
+        const std::int64_t e = ok ? pg_index % grp.entries_per_block : 0;
+        const std::uint8_t* base = grp.pool + (ok ? pg : 0) * grp.page_bytes;
+        const std::uint8_t* data = ok ? base + e * grp.data_bytes : nowhere;
+        if (a.kv_fp8) {
+          std::uint8_t* dst = raw + ((c + 1) & 1) * (kKeys * kRawKey) + my_key * kRawKey;
+          for (int u = my_part; u < 36; u += 4) cp_async_16_zfill(dst + u * 16, ok ? data + u * 16 : nowhere, ok);
+          if (my_part == 0) {
+            const std::int64_t scale_off = static_cast<std::int64_t>(grp.entries_per_block) * grp.data_bytes + e * grp.scale_bytes;
+            cp_async_16_zfill(dst + 576, ok ? base + (scale_off & ~std::int64_t{15}) : nowhere, ok);
+            scale_at[((c + 1) & 1) * kKeys + my_key] = static_cast<std::uint8_t>(scale_off & 15);
+          }
+        } else {
+          held_data = ok ? data : nullptr;
+        }
       }
+      cp_async_commit();
+      if (c + 2 >= c_begin && c + 2 < c_end) {
+        pg = look.page(i2, blk);
+        pg_index = blk_index;
+      }
+      if (c + 3 >= c_begin && c + 3 < c_end) {
+        blk = look.block(i3, idx_next);
+        blk_index = idx_next;
+      }
+      if (c + 4 >= c_begin && c + 4 < c_end) idx_next = look.index(i4);
+    }
+    if (c < c_begin) continue;
+
+    cp_async_wait<1>();  // this chunk's raw entries (the next chunk's may be in flight)
+    __syncthreads();     // ... visible to all; the previous chunk's keys and P no longer read
+    if (a.kv_fp8) {
+      const std::uint8_t* src = raw + (c & 1) * (kKeys * kRawKey);
+      for (int idx = tid; idx < kKeys * 36; idx += kThreads) {
+        const int key = idx / 36, u = idx % 36;
+        const std::uint8_t* entry = src + key * kRawKey;
+        const uint4 v = *reinterpret_cast<const uint4*>(entry + u * 16);
+        uint4* dst = reinterpret_cast<uint4*>(ks + key * kRow);
+        if (u < kNope / 16) {
+          const float scale = ue8m0_value(entry[576 + scale_at[(c & 1) * kKeys + key] + u / 4]);
+          const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+          std::uint32_t b[8];
+          DSV4_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            b[2 * j] = e4m3x2_to_bf16x2(w[j] & 0xffffu, scale);
+            b[2 * j + 1] = e4m3x2_to_bf16x2(w[j] >> 16, scale);
+          }
+          dst[2 * u] = make_uint4(b[0], b[1], b[2], b[3]);
+          dst[2 * u + 1] = make_uint4(b[4], b[5], b[6], b[7]);
+        } else {
+          dst[kNope / 8 + (u - kNope / 16)] = v;  // rope dims: bf16 as stored
+        }
+      }
+    } else {
+      uint4* dst = reinterpret_cast<uint4*>(ks + my_key * kRow);
+      for (int u = my_part * 16; u < my_part * 16 + 16; ++u)
+        cp_async_16_zfill(dst + u, chunk_data != nullptr ? chunk_data + u * 16 : nowhere, chunk_data != nullptr);
+      cp_async_wait_all();
     }
     __syncthreads();
 
-    // S = Q K^T for this warp's 16 heads and the chunk's 64 keys.
-    float s[8][4];
+    // S = Q K^T for this warp's 16 heads and its kWarpKeys keys.
+    float s[kSN][4];
     DSV4_UNROLL
-    for (int ni = 0; ni < 8; ++ni)
+    for (int ni = 0; ni < kSN; ++ni)
       DSV4_UNROLL
       for (int e = 0; e < 4; ++e) s[ni][e] = 0.0f;
-    const std::uint16_t* qa = qs + (wr * 16 + g) * kRow + tig * 2;
-    DSV4_UNROLL
-    for (int kk = 0; kk < kDim / 16; ++kk) {
-      std::uint32_t af[4];
-      af[0] = *reinterpret_cast<const std::uint32_t*>(qa + kk * 16);
-      af[1] = *reinterpret_cast<const std::uint32_t*>(qa + 8 * kRow + kk * 16);
-      af[2] = *reinterpret_cast<const std::uint32_t*>(qa + kk * 16 + 8);
-      af[3] = *reinterpret_cast<const std::uint32_t*>(qa + 8 * kRow + kk * 16 + 8);
-      DSV4_UNROLL
-      for (int ni = 0; ni < 8; ++ni) {
-        const std::uint16_t* kb = ks + (ni * 8 + g) * kRow + kk * 16 + tig * 2;
-        std::uint32_t bf[2];
-        bf[0] = *reinterpret_cast<const std::uint32_t*>(kb);
-        bf[1] = *reinterpret_cast<const std::uint32_t*>(kb + 8);
-        mma_m16n8k16_bf16(s[ni], af, bf, s[ni]);
+    {
+      const LaneOffset al = a_fragment_lane(lane);
+      const std::uint16_t* qa = qs + (wr * 16 + al.row) * kRow + al.col;
+      if constexpr (kSN >= 2) {
+        const LaneOffset bl = b_rows_n_lane(lane);
+        const std::uint16_t* kb = ks + (wk * kWarpKeys + bl.row) * kRow + bl.col;
+        DSV4_UNROLL
+        for (int kk = 0; kk < kDim / 16; ++kk) {
+          std::uint32_t af[4];
+          ldmatrix_x4(af, qa + kk * 16);
+          DSV4_UNROLL
+          for (int np = 0; np < kSN / 2; ++np) {
+            std::uint32_t b[4];
+            ldmatrix_x4(b, kb + np * 16 * kRow + kk * 16);
+            mma_bf16_two_tiles(s[2 * np], s[2 * np + 1], af, b);
+          }
+        }
+      } else {
+        // one n-tile of 8 keys: an x4 load holds its fragments for two k steps
+        const std::uint16_t* kb = ks + (wk * kWarpKeys + (lane & 7)) * kRow + 8 * (lane >> 3);
+        DSV4_UNROLL
+        for (int k2 = 0; k2 < kDim / 32; ++k2) {
+          std::uint32_t b[4], af[4];
+          ldmatrix_x4(b, kb + k2 * 32);
+          const std::uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+          ldmatrix_x4(af, qa + k2 * 32);
+          mma_m16n8k16_bf16(s[0], af, b0, s[0]);
+          ldmatrix_x4(af, qa + k2 * 32 + 16);
+          mma_m16n8k16_bf16(s[0], af, b1, s[0]);
+        }
       }
     }
-    // Online softmax over the chunk (rows g and g + 8; a row's values sit in one quad).
+    // Online softmax over the chunk (rows g and g + 8 of the tile; a row's values sit in one quad).
     float mx[2] = {-INFINITY, -INFINITY};
     DSV4_UNROLL
-    for (int ni = 0; ni < 8; ++ni) {
+    for (int ni = 0; ni < kSN; ++ni) {
       DSV4_UNROLL
       for (int e = 0; e < 4; ++e) {
-        const int key = c * kKeys + ni * 8 + tig * 2 + (e & 1);
-        s[ni][e] = key < keys.n_keys ? s[ni][e] * a.scale : -INFINITY;
+        const int key = c * kKeys + wk * kWarpKeys + ni * 8 + tig * 2 + (e & 1);
+        s[ni][e] = key < look.keys.n_keys ? s[ni][e] * a.scale : -INFINITY;
         mx[e >> 1] = fmaxf(mx[e >> 1], s[ni][e]);
       }
     }
-    float corr[2], sum[2] = {0.0f, 0.0f};
     DSV4_UNROLL
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);
-      corr[r] = m[r] == -INFINITY ? 0.0f : exp_float(m[r] - m_new);
-      m[r] = m_new;
+      if (tig == 0) red_max[wk * kHeads + wr * 16 + g + 8 * r] = mx[r];
     }
-    std::uint32_t pf[8][2];  // P as bf16 pairs: [n-tile][row half]
-    DSV4_UNROLL
-    for (int ni = 0; ni < 8; ++ni) {
-      float p[4];
-      DSV4_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        p[e] = s[ni][e] == -INFINITY ? 0.0f : exp_float(s[ni][e] - m[e >> 1]);
-        sum[e >> 1] += p[e];
-      }
-      pf[ni][0] = pack_bf16(p[0], p[1]);
-      pf[ni][1] = pack_bf16(p[2], p[3]);
-    }
+    __syncthreads();
+    float corr[2];
     DSV4_UNROLL
     for (int r = 0; r < 2; ++r) {
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 1);
-      sum[r] += __shfl_xor_sync(0xffffffffu, sum[r], 2);
-      l[r] = l[r] * corr[r] + sum[r];
+      float chunk_max = -INFINITY;
+      DSV4_UNROLL
+      for (int k = 0; k < kGroups; ++k) chunk_max = fmaxf(chunk_max, red_max[k * kHeads + wr * 16 + g + 8 * r]);
+      const float m_new = fmaxf(m[r], chunk_max);
+      corr[r] = m[r] == -INFINITY ? 0.0f : exp2f((m[r] - m_new) * kLog2e);
+      m[r] = m_new;
+    }
+    // The chunk's row sum is taken per 8 keys (a pair per lane, then across the quad) and over the
+    // eight groups of 8 in key order: the same additions whatever the heads of a CTA, so a token's
+    // result does not depend on the grid (batch invariance).
+    DSV4_UNROLL
+    for (int ni = 0; ni < kSN; ++ni) {
+      float p[4];
+      DSV4_UNROLL
+      for (int e = 0; e < 4; ++e) p[e] = s[ni][e] == -INFINITY ? 0.0f : exp2f((s[ni][e] - m[e >> 1]) * kLog2e);
+      const int key = wk * kWarpKeys + ni * 8 + tig * 2;
+      *reinterpret_cast<std::uint32_t*>(ps + (wr * 16 + g) * kPRow + key) = pack_bf16(p[0], p[1]);
+      *reinterpret_cast<std::uint32_t*>(ps + (wr * 16 + g + 8) * kPRow + key) = pack_bf16(p[2], p[3]);
+      DSV4_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        float sum = p[2 * r] + p[2 * r + 1];
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (tig == 0) red_sum[(key / 8) * kHeads + wr * 16 + g + 8 * r] = sum;
+      }
+    }
+    __syncthreads();
+    DSV4_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      float chunk_sum = 0.0f;
+      DSV4_UNROLL
+      for (int k = 0; k < kKeys / 8; ++k) chunk_sum += red_sum[k * kHeads + wr * 16 + g + 8 * r];
+      l[r] = l[r] * corr[r] + chunk_sum;
     }
     DSV4_UNROLL
-    for (int nj = 0; nj < kNTiles; ++nj) {
+    for (int nj = 0; nj < kNT; ++nj) {
       o[nj][0] *= corr[0];
       o[nj][1] *= corr[0];
       o[nj][2] *= corr[1];
       o[nj][3] *= corr[1];
     }
-    // O += P V over this warp's 256 output dims (V = the same keys).
-    DSV4_UNROLL
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const std::uint32_t af[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0], pf[2 * kk + 1][1]};
-      const std::uint16_t* v0 = ks + (kk * 16 + tig * 2) * kRow + wc * kWarpDims + g;
+    // O += P V over this warp's output dims (V = the chunk's keys).
+    {
+      const LaneOffset al = a_fragment_lane(lane), vl = b_rows_k_lane(lane);
+      const std::uint16_t* pa = ps + (wr * 16 + al.row) * kPRow + al.col;
+      const std::uint16_t* vb = ks + vl.row * kRow + wk * kWarpDims + vl.col;
       DSV4_UNROLL
-      for (int nj = 0; nj < kNTiles; ++nj) {
-        const std::uint16_t* vb = v0 + nj * 8;
-        std::uint32_t bf[2];
-        bf[0] = pack_bits(vb[0], vb[kRow]);
-        bf[1] = pack_bits(vb[8 * kRow], vb[9 * kRow]);
-        mma_m16n8k16_bf16(o[nj], af, bf, o[nj]);
+      for (int kk = 0; kk < kKeys / 16; ++kk) {
+        std::uint32_t af[4];
+        ldmatrix_x4(af, pa + kk * 16);
+        DSV4_UNROLL
+        for (int np = 0; np < kNT / 2; ++np) {
+          std::uint32_t b[4];
+          ldmatrix_x4_trans(b, vb + kk * 16 * kRow + np * 16);
+          mma_bf16_two_tiles(o[2 * np], o[2 * np + 1], af, b);
+        }
       }
     }
   }
@@ -252,20 +393,20 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       const float den = l[r] + exp_float(a.sink[head] - m[r]);
       std::uint16_t* out = a.out + (static_cast<std::int64_t>(t) * a.heads + head) * kDim;
       DSV4_UNROLL
-      for (int nj = 0; nj < kNTiles; ++nj) {
-        const int d = wc * kWarpDims + nj * 8 + tig * 2;
+      for (int nj = 0; nj < kNT; ++nj) {
+        const int d = wk * kWarpDims + nj * 8 + tig * 2;
         finish_pair(o[nj][2 * r] / den, o[nj][2 * r + 1] / den, d, cs, out);
       }
     } else if (head < a.heads) {
       const std::int64_t base = (static_cast<std::int64_t>(split) * a.capacity + t) * a.heads + head;
       float* acc = a.part_acc + base * kDim;
       DSV4_UNROLL
-      for (int nj = 0; nj < kNTiles; ++nj) {
-        const int d = wc * kWarpDims + nj * 8 + tig * 2;
+      for (int nj = 0; nj < kNT; ++nj) {
+        const int d = wk * kWarpDims + nj * 8 + tig * 2;
         acc[d] = o[nj][2 * r];
         acc[d + 1] = o[nj][2 * r + 1];
       }
-      if (wc == 0 && tig == 0) {
+      if (wk == 0 && tig == 0) {
         a.part_ml[base * 2] = m[r];
         a.part_ml[base * 2 + 1] = l[r];
       }
@@ -318,9 +459,10 @@ void sparse_attention(const AttentionArgs& args, gpu_stream_t stream) {
     launch_error("sparse_attention: {} splits without partial buffers", {args.splits});
   if (args.splits > 1 && args.splits * args.capacity > kMaxSplitTokens)
     launch_error("sparse_attention: {} splits x {} tokens exceed the partial buffers", {args.splits, args.capacity});
-  // Few CTAs at 64 heads each (decode): 16 heads a CTA, four times the CTAs.
-  const std::int64_t ctas64 = static_cast<std::int64_t>(args.capacity) * ((args.heads + 63) / 64) * args.splits;
-  const int heads_per_cta = args.heads_per_cta != 0 ? args.heads_per_cta : (ctas64 < args.sm_count ? 16 : 64);
+  // Few CTAs at 64 heads each (decode): 16 heads a CTA, four times the CTAs, while they still fit
+  // in one wave (a CTA takes a whole SM; a second wave would cost more than the smaller CTAs save).
+  const std::int64_t ctas16 = static_cast<std::int64_t>(args.capacity) * ((args.heads + 15) / 16) * args.splits;
+  const int heads_per_cta = args.heads_per_cta != 0 ? args.heads_per_cta : (ctas16 <= args.sm_count ? 16 : 64);
   if (heads_per_cta != 16 && heads_per_cta != 64) launch_error("sparse_attention: {} heads a CTA (16 or 64)", {heads_per_cta});
   const unsigned head_groups = static_cast<unsigned>((args.heads + heads_per_cta - 1) / heads_per_cta);
   const dim3 grid(static_cast<unsigned>(args.capacity), head_groups, static_cast<unsigned>(args.splits));

@@ -11,8 +11,11 @@
 //
 // A CTA takes one token, 64 heads (16 when the grid would be small: decode) and a share of the
 // token's keys (split-K over `splits` CTAs when keys are many and tokens few: partial softmax
-// states, merged by a combine kernel), 64 keys at a time through shared memory; bf16 mma for
-// Q.K^T and P.V. The heads a CTA takes change no value.
+// states, merged by a combine kernel), 64 keys at a time. The keys' cache addresses are resolved
+// chunks ahead and their raw fp8 entries copied asynchronously one chunk ahead, then dequantized
+// into bf16 in shared memory; Q.K^T and P.V are bf16 mma on ldmatrix fragments, the warps
+// splitting the keys for Q.K^T and the output dims for P.V (attention.cu). The heads a CTA takes
+// change no value.
 #pragma once
 
 #include <cstdint>
