@@ -273,7 +273,7 @@ TEST(GpuOps, GemmLibraryScales) {
   };
   std::int64_t runs = 0;
   std::vector<std::string> refused;
-  for (const Case& c : {Case{256, 512, {4, 8, 12, 24, 300, 1000}}, Case{1024, 2048, {8, 24, 300}}}) {
+  for (const Case& c : {Case{256, 512, {4, 5, 8, 12, 24, 37, 300, 301, 1000}}, Case{512, 512, {300}}, Case{1024, 2048, {8, 24, 37, 300}}}) {
     std::mt19937_64 rng(seed_of({43, c.n, c.k}));
     TestWeight tw = make_weight(WeightFormat::kFp8, c.n, c.k, 0.05f, rng);
     const std::int64_t kbw = (c.k + 127) / 128;

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "cuda/kernels/gemm_library.h"
@@ -807,6 +809,15 @@ void launch_mma_bf16(const MmaArgs& args, std::int64_t row_tiles, int groups, gp
 // short of CTAs (outputs narrower than ~16K for one 128-row tile): measured by bench_gpu_gemm,
 // where the tile kernel at 32-128 rows loses to re-reading the weight per 8 rows until it has
 // about one 128 x 128 tile per SM.
+// DSV4_GEMM_LIBRARY=1: prompt steps take cuBLASLt where it runs (gemm.h GemmPath).
+bool library_opted_in() {
+  static const bool on = [] {
+    const char* env = std::getenv("DSV4_GEMM_LIBRARY");
+    return env != nullptr && std::string_view(env) == "1";
+  }();
+  return on;
+}
+
 bool use_small(std::int64_t rows, std::int64_t n, GemmPath path) {
   if (path == GemmPath::kFewRows) return true;
   if (path == GemmPath::kTiles || path == GemmPath::kLibrary) return false;
@@ -858,7 +869,7 @@ void gemm_quantized(const QuantizedRows& a, std::int64_t rows, const DeviceWeigh
     else launch_few<FewFp4, WeightFormat::kFp4>(s, tiles, stream);
     return;
   }
-  if (path == GemmPath::kLibrary || path == GemmPath::kAutoPrefill) {
+  if (path == GemmPath::kLibrary || (path == GemmPath::kAutoPrefill && library_opted_in())) {
     // cuBLASLt's block-scaled product (gemm_library.h). It computes all `rows`: rows_dev is for
     // graphs, which kAutoPrefill steps are not.
     const bool codes_aligned = reinterpret_cast<std::uintptr_t>(a.codes) % 16 == 0;

@@ -71,11 +71,14 @@ struct ExpertTiles {
 
 // Which kernel runs a product: by row count for speed (kAuto: few rows up to 16, or up to 128
 // when the output is narrow; else tiles), for steps with prompt tokens (kAutoPrefill: few rows up
-// to 16, then cuBLASLt's block-scaled product for dense fp8 weights where it can run them
-// (gemm_library.h), else tiles), or forced (tests and benchmarks compare them; kLibrary throws
-// where cuBLASLt cannot run the product, see gemm_library_supports). kAuto never takes cuBLASLt:
-// decode steps are captured into graphs whose row count is read on the device. gemm_bf16 and the
-// expert products have no library path (kLibrary runs their tiles).
+// to 16, else tiles; with DSV4_GEMM_LIBRARY=1 in the environment, cuBLASLt's block-scaled product
+// for dense fp8 weights where it can run them, gemm_library.h), or forced (tests and benchmarks
+// compare them; kLibrary throws where cuBLASLt cannot run the product, see
+// gemm_library_supports). cuBLASLt is opt-in because on 2026-12-02 (H200, cuBLASLt 13.1) the
+// GPU model test's layer-0 cache entries differed from the CPU executor's with it (up to 8 e4m3
+// steps) while the same products alone matched (GemmLibraryScales): not understood yet. kAuto
+// never takes cuBLASLt: decode steps are captured into graphs whose row count is read on the
+// device. gemm_bf16 and the expert products have no library path (kLibrary runs their tiles).
 enum class GemmPath : std::int32_t { kAuto, kAutoPrefill, kFewRows, kTiles, kLibrary };
 
 inline constexpr int kSmallRows = 8;    // rows the few-rows kernel takes at once
