@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-programs=(test_device_language test_gpu_ops test_gpu_model bench_gpu_model bench_gpu_gemm bench_gpu_moe dsv4)
+programs=(test_device_language test_gpu_ops test_gpu_model bench_gpu_model bench_gpu_gemm bench_gpu_moe bench_gpu_attention dsv4)
 
 if [ "$mode" != prebuilt ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DDSV4_WERROR="${DSV4_WERROR:-OFF}" >/dev/null || exit 1
@@ -108,6 +108,11 @@ if [ $bench = 1 ]; then
     check bench_moe 600 "$(find_program bench_gpu_moe)"
   fi
   if [ $quick = 1 ]; then
+    check bench_attention 300 "$(find_program bench_gpu_attention)" --reps 20
+  else
+    check bench_attention 600 "$(find_program bench_gpu_attention)"
+  fi
+  if [ $quick = 1 ]; then
     check bench_model 600 "$(find_program bench_gpu_model)" --layers 4 --batches 1,32 --contexts 4096 --steps 10 --prefill 8192
   else
     check bench_model 900 "$(find_program bench_gpu_model)" --layers 8 --batches 1,32,128 --contexts 4096,131072 --steps 20 \
@@ -160,3 +165,4 @@ grep -h '^| .* | 1 | \|^| .* | 4096 | \|^HBM\|^mma' "$logs/bench_gemm.log" 2>/de
 grep -h -m 1 '^| shape | tokens' "$logs/bench_moe.log" 2>/dev/null
 grep -h '^| V4-' "$logs/bench_moe.log" 2>/dev/null
 grep -h '^| torch' "$logs/torch_floor.log" 2>/dev/null
+grep -h '^| V4-\|^| h[0-9]\|^| 1M\|^| 128K' "$logs/bench_attention.log" 2>/dev/null
