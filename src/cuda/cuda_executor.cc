@@ -106,7 +106,8 @@ struct CudaExecutor::Scratch {
     for (std::int64_t r : c.compress_ratios) csa = csa || r == 4;
     max_tokens = T;
     logits_rows = options.max_logits_rows > 0 ? options.max_logits_rows : T + (c.num_nextn_predict_layers > 0 ? T : 0);
-    max_entries = csa ? std::max<std::int64_t>(1, limits.max_context / 4) : 0;
+    // rows of the indexer scores padded to 4 entries: indexer_top_k reads them 16 bytes at a time
+    max_entries = csa ? (std::max<std::int64_t>(1, limits.max_context / 4) + 3) / 4 * 4 : 0;
     index_chunk = csa ? std::clamp<std::int64_t>(options.indexer_scores_bytes / (max_entries * 4), 1, T) : 0;
     index_chunk = std::min<std::int64_t>(index_chunk, 65535);
     max_tiles = moe_max_tiles(T, K, E, kSmallRows);

@@ -379,58 +379,61 @@ TEST(GpuOpsCache, IndexerTopKTies) {
   auto step = simple_step(ids, positions);
   std::int64_t max_n = 0;
   for (std::int32_t p : positions) max_n = std::max<std::int64_t>(max_n, (p + 1) / 4);
-  const std::int64_t max_entries = max_n + 3;
-  std::mt19937_64 rng(seed_of({41, k}));
-  std::vector<float> scores(static_cast<std::size_t>(T * max_entries), std::nanf(""));
-  const std::vector<float> levels = {round_to_bf16(1.5f), round_to_bf16(0.75f), 0.0f, -0.0f, round_to_bf16(-0.25f), round_to_bf16(3.0f),
-                                     -INFINITY, round_to_bf16(0.7539f)};
-  for (std::int64_t t = 0; t < T; ++t) {
-    const std::int64_t n = (positions[static_cast<std::size_t>(t)] + 1) / 4;
-    for (std::int64_t j = 0; j < n; ++j) {
-      float v;
-      const std::uint64_t r = rng() % 100;
-      if (r < 4) v = std::nanf("");
-      else if (t % 2 == 0) v = levels[rng() % levels.size()];           // heavy ties
-      else v = round_to_bf16(std::normal_distribution<float>(0.0f, 1.0f)(rng));  // bf16 values: some ties
-      scores[static_cast<std::size_t>(t * max_entries + j)] = v;
+  // Rows of an odd length (the kernel's scalar loads) and rows padded to 4 (its 16-byte loads).
+  for (const bool padded : {false, true}) {
+    const std::int64_t max_entries = padded ? (max_n + 3) / 4 * 4 + 4 : max_n + 3;
+    std::mt19937_64 rng(seed_of({41, k}));
+    std::vector<float> scores(static_cast<std::size_t>(T * max_entries), std::nanf(""));
+    const std::vector<float> levels = {round_to_bf16(1.5f), round_to_bf16(0.75f), 0.0f, -0.0f, round_to_bf16(-0.25f), round_to_bf16(3.0f),
+                                       -INFINITY, round_to_bf16(0.7539f)};
+    for (std::int64_t t = 0; t < T; ++t) {
+      const std::int64_t n = (positions[static_cast<std::size_t>(t)] + 1) / 4;
+      for (std::int64_t j = 0; j < n; ++j) {
+        float v;
+        const std::uint64_t r = rng() % 100;
+        if (r < 4) v = std::nanf("");
+        else if (t % 2 == 0) v = levels[rng() % levels.size()];           // heavy ties
+        else v = round_to_bf16(std::normal_distribution<float>(0.0f, 1.0f)(rng));  // bf16 values: some ties
+        scores[static_cast<std::size_t>(t * max_entries + j)] = v;
+      }
     }
+    DevArray<float> ds(scores);
+    DevArray<std::int32_t> idx(static_cast<std::size_t>(T * k)), count(static_cast<std::size_t>(T));
+    gpu::IndexerArgs a;
+    a.step = step->get();
+    a.capacity = static_cast<std::int32_t>(T);
+    a.scores = ds.get();
+    a.max_entries = max_entries;
+    a.top_k = k;
+    a.top_idx = idx.get();
+    a.top_count = count.get();
+    gpu::indexer_top_k(a, st());
+    const auto gi = idx.download();
+    const auto gc = count.download();
+    std::int64_t bad_sets = 0, bad_counts = 0, unsorted = 0;
+    for (std::int64_t t = 0; t < T; ++t) {
+      const std::int64_t n = (positions[static_cast<std::size_t>(t)] + 1) / 4;
+      const auto ref = top_k_indices(std::span<const float>(scores).subspan(static_cast<std::size_t>(t * max_entries), static_cast<std::size_t>(n)), k);
+      const std::int32_t c = gc[static_cast<std::size_t>(t)];
+      if (c != static_cast<std::int32_t>(ref.size())) {
+        ++bad_counts;
+        continue;
+      }
+      std::set<std::int64_t> g, r(ref.begin(), ref.end());
+      for (std::int32_t i = 0; i < c; ++i) {
+        g.insert(gi[static_cast<std::size_t>(t * k + i)]);
+        if (i > 0 && gi[static_cast<std::size_t>(t * k + i)] <= gi[static_cast<std::size_t>(t * k + i - 1)]) ++unsorted;
+      }
+      if (g != r) {
+        ++bad_sets;
+        ADD_FAILURE() << "top-k set differs for n " << n << " (" << (t % 2 == 0 ? "heavy ties" : "normal") << ")";
+      }
+    }
+    EXPECT_EQ(bad_counts, 0);
+    EXPECT_EQ(unsorted, 0);
+    report_line("indexer_top_k", fmt::format("k {} n 1..{} ({} tokens, ties, NaN, +-0, -inf; rows {})", k, max_n, T, padded ? "padded to 4" : "of odd length"), "-", "-",
+                fmt::format("{} sets differ", bad_sets), fmt::format("exact sets vs top_k_indices; counts wrong {}, unsorted {}", bad_counts, unsorted));
   }
-  DevArray<float> ds(scores);
-  DevArray<std::int32_t> idx(static_cast<std::size_t>(T * k)), count(static_cast<std::size_t>(T));
-  gpu::IndexerArgs a;
-  a.step = step->get();
-  a.capacity = static_cast<std::int32_t>(T);
-  a.scores = ds.get();
-  a.max_entries = max_entries;
-  a.top_k = k;
-  a.top_idx = idx.get();
-  a.top_count = count.get();
-  gpu::indexer_top_k(a, st());
-  const auto gi = idx.download();
-  const auto gc = count.download();
-  std::int64_t bad_sets = 0, bad_counts = 0, unsorted = 0;
-  for (std::int64_t t = 0; t < T; ++t) {
-    const std::int64_t n = (positions[static_cast<std::size_t>(t)] + 1) / 4;
-    const auto ref = top_k_indices(std::span<const float>(scores).subspan(static_cast<std::size_t>(t * max_entries), static_cast<std::size_t>(n)), k);
-    const std::int32_t c = gc[static_cast<std::size_t>(t)];
-    if (c != static_cast<std::int32_t>(ref.size())) {
-      ++bad_counts;
-      continue;
-    }
-    std::set<std::int64_t> g, r(ref.begin(), ref.end());
-    for (std::int32_t i = 0; i < c; ++i) {
-      g.insert(gi[static_cast<std::size_t>(t * k + i)]);
-      if (i > 0 && gi[static_cast<std::size_t>(t * k + i)] <= gi[static_cast<std::size_t>(t * k + i - 1)]) ++unsorted;
-    }
-    if (g != r) {
-      ++bad_sets;
-      ADD_FAILURE() << "top-k set differs for n " << n << " (" << (t % 2 == 0 ? "heavy ties" : "normal") << ")";
-    }
-  }
-  EXPECT_EQ(bad_counts, 0);
-  EXPECT_EQ(unsorted, 0);
-  report_line("indexer_top_k", fmt::format("k {} n 1..{} ({} tokens, ties, NaN, +-0, -inf)", k, max_n, T), "-", "-",
-              fmt::format("{} sets differ", bad_sets), fmt::format("exact sets vs top_k_indices; counts wrong {}, unsorted {}", bad_counts, unsorted));
 }
 
 // =================================================================================================
@@ -481,7 +484,8 @@ TEST(GpuOpsCache, IndexerScoresAndTopK) {
         simulate_quant_blocks(q, kIndexerFp4Block, QuantFormat::kFp4E2m1);
         std::vector<float> w = bf16_activations(static_cast<std::size_t>(T * H), 1.0f, rng);
         DevArray<std::uint16_t> dq(to_bf16(q)), dw(to_bf16(w));
-        const std::int64_t max_entries = max_n + 5;
+        // fp4: rows of an odd length (top-k's scalar loads); the others padded to 4 (its 16-byte loads)
+        const std::int64_t max_entries = idt == IndexerCacheDtype::kFp4 ? max_n + 5 : (max_n + 3) / 4 * 4 + 4;
         // Two calls of the token range (token0), as the executor chunks it.
         const std::int32_t split = static_cast<std::int32_t>(T / 2);
         // The second call's grid covers 2 rows past the step's tokens (a graph bucket): they stay untouched.

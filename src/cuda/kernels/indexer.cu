@@ -285,6 +285,28 @@ __device__ __forceinline__ int block_exclusive_sum(int v, int* warp_tot, int* to
   return offset + incl - v;
 }
 
+// Scores j..j+3 of a row (entries at or past n read as -inf): one 16-byte load where the row is
+// 16-byte aligned and padded to a multiple of 4 (kVec4), else four loads.
+template <bool kVec4>
+__device__ __forceinline__ void load_quad(const float* sc, std::int64_t j, std::int64_t n, float (&v)[4]) {
+  if constexpr (kVec4) {
+    const float4 q = *reinterpret_cast<const float4*>(sc + j);
+    v[0] = q.x;
+    v[1] = q.y;
+    v[2] = q.z;
+    v[3] = q.w;
+  } else {
+    DSV4_UNROLL
+    for (int e = 0; e < 4; ++e) v[e] = j + e < n ? sc[j + e] : -INFINITY;
+  }
+  DSV4_UNROLL
+  for (int e = 0; e < 4; ++e)
+    if (j + e >= n) v[e] = -INFINITY;
+}
+
+// One CTA per token. Entries go in quads (four scores per load, two quads in flight per thread
+// in the histogram passes) so that the passes over a long row are not bound by load latency.
+template <bool kVec4>
 __global__ void __launch_bounds__(kTopThreads) top_k_kernel(IndexerArgs a) {
   __shared__ int hist[256];
   __shared__ int warp_tot[32];
@@ -302,6 +324,7 @@ __global__ void __launch_bounds__(kTopThreads) top_k_kernel(IndexerArgs a) {
     if (threadIdx.x == 0) a.top_count[i] = static_cast<std::int32_t>(n);
     return;
   }
+  const std::int64_t quads = (n + 3) / 4;
   // Two 8-bit radix passes find the k-th largest key T and how many entries equal to T to take.
   std::uint32_t prefix = 0;
   int need = k;
@@ -309,16 +332,32 @@ __global__ void __launch_bounds__(kTopThreads) top_k_kernel(IndexerArgs a) {
     for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
     __syncthreads();
     // Scores cluster in few bins: the lanes of a warp that hit the same bin add once, together.
-    for (std::int64_t base = 0; base < n; base += blockDim.x) {
-      const std::int64_t j = base + threadIdx.x;
-      int bin = -1;
-      if (j < n) {
-        const std::uint32_t key = score_key(sc[j]);
-        if (pass == 0) bin = static_cast<int>(key >> 8);
-        else if ((key >> 8) == prefix) bin = static_cast<int>(key & 0xff);
+    for (std::int64_t base = 0; base < quads; base += 2 * static_cast<std::int64_t>(blockDim.x)) {
+      float v[2][4];
+      DSV4_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const std::int64_t q = base + h * blockDim.x + threadIdx.x;
+        if (q < quads) load_quad<kVec4>(sc, 4 * q, n, v[h]);
+        else
+          DSV4_UNROLL
+          for (int e = 0; e < 4; ++e) v[h][e] = -INFINITY;
       }
-      const unsigned peers = __match_any_sync(0xffffffffu, bin);
-      if (bin >= 0 && static_cast<int>(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+      DSV4_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const std::int64_t q = base + h * blockDim.x + threadIdx.x;
+        DSV4_UNROLL
+        for (int e = 0; e < 4; ++e) {
+          int bin = -1;
+          if (4 * q + e < n) {
+            const std::uint32_t key = score_key(v[h][e]);
+            if (pass == 0) bin = static_cast<int>(key >> 8);
+            else if ((key >> 8) == prefix) bin = static_cast<int>(key & 0xff);
+          }
+          if (__ballot_sync(0xffffffffu, bin >= 0) == 0u) continue;  // warp-uniform
+          const unsigned peers = __match_any_sync(0xffffffffu, bin);
+          if (bin >= 0 && static_cast<int>(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+        }
+      }
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -336,26 +375,38 @@ __global__ void __launch_bounds__(kTopThreads) top_k_kernel(IndexerArgs a) {
     __syncthreads();
   }
   const std::uint32_t threshold = prefix;  // entries above it all go; `need` of those equal, lowest index first
-  // Thread u takes the contiguous entries [u seg, (u + 1) seg): it counts its entries above and
+  // Thread u takes the contiguous quads [u seg, (u + 1) seg): it counts its entries above and
   // equal to the threshold, two block scans place its selections, and it writes them in order
   // (the list comes out ascending with a handful of barriers, not two per blockDim entries).
-  const std::int64_t seg = (n + blockDim.x - 1) / blockDim.x;
-  const std::int64_t lo = min(n, static_cast<std::int64_t>(threadIdx.x) * seg), hi = min(n, lo + seg);
+  const std::int64_t seg = (quads + blockDim.x - 1) / blockDim.x;
+  const std::int64_t q_lo = min(quads, static_cast<std::int64_t>(threadIdx.x) * seg), q_hi = min(quads, q_lo + seg);
   int gt = 0, eq = 0;
-  for (std::int64_t j = lo; j < hi; ++j) {
-    const std::uint32_t key = score_key(sc[j]);
-    gt += key > threshold;
-    eq += key == threshold;
+  DSV4_UNROLL_4
+  for (std::int64_t q = q_lo; q < q_hi; ++q) {
+    float v[4];
+    load_quad<kVec4>(sc, 4 * q, n, v);
+    DSV4_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const std::uint32_t key = score_key(v[e]);
+      gt += 4 * q + e < n && key > threshold;
+      eq += 4 * q + e < n && key == threshold;
+    }
   }
   int eq_total = 0, sel_total = 0;
   const int eq_before = block_exclusive_sum(eq, warp_tot, &eq_total);
   const int eq_taken = max(0, min(eq, need - eq_before));
   int pos = block_exclusive_sum(gt + eq_taken, warp_tot, &sel_total);
   int eq_rank = eq_before;
-  for (std::int64_t j = lo; j < hi; ++j) {
-    const std::uint32_t key = score_key(sc[j]);
-    const bool take = key > threshold || (key == threshold && eq_rank++ < need);
-    if (take) out[pos++] = static_cast<std::int32_t>(j);
+  for (std::int64_t q = q_lo; q < q_hi; ++q) {
+    float v[4];
+    load_quad<kVec4>(sc, 4 * q, n, v);
+    DSV4_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const std::int64_t j = 4 * q + e;
+      const std::uint32_t key = score_key(v[e]);
+      const bool take = j < n && (key > threshold || (key == threshold && eq_rank++ < need));
+      if (take) out[pos++] = static_cast<std::int32_t>(j);
+    }
   }
   if (threadIdx.x == 0) a.top_count[i] = k;
 }
@@ -389,7 +440,10 @@ void indexer_scores(const IndexerArgs& args, gpu_stream_t stream) {
 
 void indexer_top_k(const IndexerArgs& args, gpu_stream_t stream) {
   if (args.capacity <= 0) return;
-  launch(top_k_kernel, dim3(static_cast<unsigned>(args.capacity)), dim3(kTopThreads), 0, stream, args);
+  // 16-byte loads where every row starts 16-byte aligned (the executor pads rows to 4 scores).
+  const bool vec4 = reinterpret_cast<std::uintptr_t>(args.scores) % 16 == 0 && args.max_entries % 4 == 0;
+  if (vec4) launch(top_k_kernel<true>, dim3(static_cast<unsigned>(args.capacity)), dim3(kTopThreads), 0, stream, args);
+  else launch(top_k_kernel<false>, dim3(static_cast<unsigned>(args.capacity)), dim3(kTopThreads), 0, stream, args);
 }
 
 }  // namespace dsv4::gpu

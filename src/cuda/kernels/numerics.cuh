@@ -11,13 +11,15 @@
 
 // Full unrolling of a constant-trip loop (register arrays indexed by its counter stay in
 // registers); nothing for the host compiler of the simulator.
-// DSV4_UNROLL_8: unrolled by 8 (a serial sum whose loads can be issued ahead).
+// DSV4_UNROLL_8 / _4: unrolled by 8 / 4 (a serial loop whose loads can be issued ahead).
 #if defined(__CUDACC__)
 #define DSV4_UNROLL _Pragma("unroll")
 #define DSV4_UNROLL_8 _Pragma("unroll 8")
+#define DSV4_UNROLL_4 _Pragma("unroll 4")
 #else
 #define DSV4_UNROLL
 #define DSV4_UNROLL_8
+#define DSV4_UNROLL_4
 #endif
 
 namespace dsv4::gpu {
