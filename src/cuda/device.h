@@ -25,9 +25,11 @@
 //   bf16       __nv_bfloat16, __nv_bfloat162, __float2bfloat16(_rn), __bfloat162float,
 //              __floats2bfloat162_rn, __bfloat1622float2, __low2float, __high2float
 //   macros     DSV4_DYNAMIC_SMEM(T, name), DSV4_DEVICE_ASSERT(cond)
-// and in namespace dsv4::gpu: launch, set_max_dynamic_smem, the mma wrappers, cp.async, and
+// and in namespace dsv4::gpu: launch, set_max_dynamic_smem, the mma wrappers, ldmatrix, cp.async,
 // Hopper's mbarriers with bulk copies into shared memory (mbarrier_init, mbarrier_arrive,
-// mbarrier_arrive_expect_tx, bulk_copy_to_shared, mbarrier_wait).
+// mbarrier_arrive_expect_tx, bulk_copy_to_shared, mbarrier_wait), and one warpgroup mma shape
+// (wgmma_descriptor, fence_proxy_async_shared, wgmma_fence, wgmma_m64n64k16_bf16, wgmma_commit,
+// wgmma_wait).
 #pragma once
 
 #include <cstddef>
@@ -205,6 +207,42 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, unsigned parit
       : "memory");
 }
 
+
+// Warpgroup mma (wgmma, sm_90a): the four warps of a warpgroup (threads 128 w .. 128 w + 127,
+// all of them, converged) compute D[64 x 64] (+)= A[64 x 16] B[64 x 16]^T in fp32 from bf16
+// operands in shared memory, asynchronously. Operands are described by wgmma_descriptor and stored
+// K-major without swizzle: the matrix is made of core matrices of 8 rows x 8 values (8 x 16 bytes,
+// row after row, 128 contiguous bytes); element (r, k) lives at
+//   start + (r / 8) * sbo + (k / 8) * lbo + (r % 8) * 16 + (k % 8) * 2
+// (lbo: bytes between core matrices adjacent along K; sbo: along the rows). Thread t of the
+// warpgroup (warp w = t / 32, g = lane / 4, q = lane % 4) holds d[4 j + e] = D[16 w + g + 8 (e / 2)]
+// [8 j + 2 q + e % 2], j = 0..7 -- the mma.sync accumulator layout, eight n-tiles wide.
+// Order: shared-memory writes, fence_proxy_async_shared, a barrier, wgmma_fence, the products,
+// wgmma_commit, wgmma_wait<0> (then d may be read, and the operands' shared memory reused).
+__device__ __forceinline__ std::uint64_t wgmma_descriptor(const void* smem, unsigned lbo_bytes, unsigned sbo_bytes) {
+  return static_cast<std::uint64_t>((smem_address(smem) & 0x3FFFFu) >> 4) |
+         (static_cast<std::uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16) |
+         (static_cast<std::uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32);
+}
+// Shared-memory writes of this thread made visible to the asynchronous proxy (wgmma, bulk copies).
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// accumulate = false: D = A B^T (d's values ignored).
+__device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b,
+                                                     bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))
+      : "memory");
+}
 }  // namespace dsv4::gpu
 
 #elif defined(DSV4_SIM)
@@ -312,6 +350,43 @@ inline void cp_async_wait() {
   sim::cp_async_wait(N);
 }
 inline void cp_async_wait_all() { sim::cp_async_wait(-1); }
+
+// wgmma in the simulator: a descriptor's start address is the offset in the block's dynamic shared
+// memory (operands must live there), so descriptors add and compare as on the device. Each thread
+// computes its own accumulators when it issues the product, from the operands as they are then
+// (one behaviour the asynchronous instruction allows: the operands must not change before the
+// wait), exact products summed in k order from d in fp32.
+inline std::uint64_t wgmma_descriptor(const void* smem, unsigned lbo_bytes, unsigned sbo_bytes) {
+  const auto offset = static_cast<std::uint64_t>(static_cast<const unsigned char*>(smem) - sim::dynamic_smem());
+  return ((offset & 0x3FFFFu) >> 4) | (static_cast<std::uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16) |
+         (static_cast<std::uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32);
+}
+inline void fence_proxy_async_shared() {}
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+template <int N>
+inline void wgmma_wait() {
+  static_assert(N >= 0);
+}
+// Value (r, k) of the bf16 operand a descriptor describes.
+inline float wgmma_operand(std::uint64_t desc, int r, int k) {
+  const std::uint64_t start = (desc & 0x3FFFu) << 4, lbo = ((desc >> 16) & 0x3FFFu) << 4, sbo = ((desc >> 32) & 0x3FFFu) << 4;
+  std::uint16_t bits;
+  std::memcpy(&bits, sim::dynamic_smem() + start + (r / 8) * sbo + (k / 8) * lbo + (r % 8) * 16 + (k % 8) * 2, 2);
+  const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+inline void wgmma_m64n64k16_bf16(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
+  const int t = static_cast<int>(threadIdx.x % 128u), w = t / 32, g = (t % 32) / 4, q = t % 4;
+  for (int i = 0; i < 32; ++i) {
+    const int row = 16 * w + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * q + i % 2;
+    float acc = accumulate ? d[i] : 0.0f;
+    for (int k = 0; k < 16; ++k) acc += wgmma_operand(desc_a, row, k) * wgmma_operand(desc_b, col, k);
+    d[i] = acc;
+  }
+}
 
 inline void mbarrier_init(std::uint64_t* bar, unsigned count,
                           std::source_location loc = std::source_location::current()) {

@@ -402,6 +402,38 @@ __global__ void ldmatrix_kernel(const std::uint16_t* tile, int col0, std::uint32
   }
 }
 
+// wgmma: one warpgroup multiplies A [64 x 32] by B [64 x 32]^T in two k16 steps. The operands
+// sit in the no-swizzle K-major layout with different arrangements of their core matrices -- A's
+// K neighbours adjacent (lbo 128, sbo 512), B's row neighbours adjacent (sbo 128, lbo 1024) -- so
+// a descriptor that swapped lbo and sbo would read the wrong values.
+__device__ __forceinline__ int core_offset(int r, int k, int lbo, int sbo) { return (r / 8) * sbo + (k / 8) * lbo + (r % 8) * 16 + (k % 8) * 2; }
+
+__global__ void wgmma_kernel(const std::uint16_t* a, const std::uint16_t* b, float* d) {
+  DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
+  std::uint8_t* sa = smem;
+  std::uint8_t* sb = smem + 4096;
+  const int t = static_cast<int>(threadIdx.x);
+  for (int i = t; i < 64 * 32; i += 128) {
+    const int r = i / 32, k = i % 32;
+    *reinterpret_cast<std::uint16_t*>(sa + core_offset(r, k, 128, 512)) = a[i];
+    *reinterpret_cast<std::uint16_t*>(sb + core_offset(r, k, 1024, 128)) = b[i];
+  }
+  gpu::fence_proxy_async_shared();
+  __syncthreads();
+  float acc[32];
+  for (float& v : acc) v = 0.0f;
+  gpu::wgmma_fence();
+  for (int ks = 0; ks < 2; ++ks) {  // k 16 ks .. 16 ks + 15: K core matrices 2 ks and 2 ks + 1
+    const std::uint64_t da = gpu::wgmma_descriptor(sa + 2 * ks * 128, 128, 512);
+    const std::uint64_t db = gpu::wgmma_descriptor(sb + 2 * ks * 1024, 1024, 128);
+    gpu::wgmma_m64n64k16_bf16(acc, da, db, ks > 0);
+  }
+  gpu::wgmma_commit();
+  gpu::wgmma_wait<0>();
+  const int w = t / 32, g = (t % 32) / 4, q = t % 4;
+  for (int i = 0; i < 32; ++i) d[(16 * w + g + 8 * ((i % 4) / 2)) * 64 + 8 * (i / 4) + 2 * q + i % 2] = acc[i];
+}
+
 // Bulk copies completed on an mbarrier, two phases of the same barrier: thread 0 announces the
 // bytes and issues the copies in four pieces, every thread waits for the phase and reads.
 __global__ void bulk_copy_kernel(const uint4* src, uint4* dst) {
@@ -950,6 +982,25 @@ TEST(DeviceLanguage, LdmatrixDeliversMmaFragments) {
         EXPECT_EQ(out[l * 8 + 4 + m], want_t) << "col0 " << col0 << " lane " << l << " matrix " << m << " (trans)";
       }
   }
+}
+
+TEST(DeviceLanguage, WgmmaMultipliesSharedOperands) {
+  std::mt19937 rng(13);
+  std::uniform_int_distribution<int> small(-4, 4);
+  std::vector<int> a(64 * 32), b(64 * 32);
+  std::vector<std::uint16_t> a16(a.size()), b16(b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) a16[i] = dsv4::f32_to_bf16_bits(static_cast<float>(a[i] = small(rng)));
+  for (std::size_t i = 0; i < b.size(); ++i) b16[i] = dsv4::f32_to_bf16_bits(static_cast<float>(b[i] = small(rng)));
+  DeviceVector<std::uint16_t> d_a(a16), d_b(b16);
+  DeviceVector<float> d_d(64 * 64);
+  gpu::launch(wgmma_kernel, dim3(1), dim3(128), 8192, test_stream().handle(), d_a.get(), d_b.get(), d_d.get());
+  const auto d = d_d.to_host();
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < 64; ++n) {
+      int want = 0;
+      for (int k = 0; k < 32; ++k) want += a[m * 32 + k] * b[n * 32 + k];
+      ASSERT_EQ(d[m * 64 + n], static_cast<float>(want)) << "row " << m << " column " << n;
+    }
 }
 
 TEST(DeviceLanguage, BulkCopiesCompleteOnAnMbarrier) {
