@@ -307,7 +307,8 @@ inline void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], const 
   sim::mma_m16n8k16_bf16(d, a, b, c, loc);
 }
 
-// ldmatrix through shuffles of the lanes' row addresses (the same rows and words as the device).
+// ldmatrix through shuffles of the lanes' row addresses (the same rows and words as the device);
+// the lane is threadIdx.x % 32 (kernels that use it have 1-D blocks).
 inline void ldmatrix_x4_impl(std::uint32_t (&r)[4], const void* row, bool trans, const std::source_location& loc) {
   const unsigned lane = threadIdx.x & 31u;
   const auto mine = reinterpret_cast<std::uint64_t>(row);
@@ -355,7 +356,8 @@ inline void cp_async_wait_all() { sim::cp_async_wait(-1); }
 // memory (operands must live there), so descriptors add and compare as on the device. Each thread
 // computes its own accumulators when it issues the product, from the operands as they are then
 // (one behaviour the asynchronous instruction allows: the operands must not change before the
-// wait), exact products summed in k order from d in fp32.
+// wait), exact products summed in k order from d in fp32. The warpgroup thread is threadIdx.x % 128
+// (1-D blocks).
 inline std::uint64_t wgmma_descriptor(const void* smem, unsigned lbo_bytes, unsigned sbo_bytes) {
   const auto offset = static_cast<std::uint64_t>(static_cast<const unsigned char*>(smem) - sim::dynamic_smem());
   return ((offset & 0x3FFFFu) >> 4) | (static_cast<std::uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16) |

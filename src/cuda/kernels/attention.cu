@@ -8,7 +8,6 @@
 #include "cuda/kernels/cache_access.cuh"
 #include "cuda/kernels/fragments.cuh"
 #include "cuda/kernels/numerics.cuh"
-#include "cuda/kernels/reduce.cuh"
 #include "numerics/exp_float.h"
 
 namespace dsv4::gpu {
@@ -134,7 +133,7 @@ __device__ __forceinline__ void finish_pair(float v0, float v1, int d, const flo
 // bf16 caches skip step 1's dequantization: their entries are copied straight into the keys.
 template <int kHeads>
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a) {
-  constexpr int kRowTiles = kHeads / 16, kGroups = 8 / kRowTiles;
+  constexpr int kRowTiles = kHeads / 16, kGroups = key_groups(kHeads);
   constexpr int kWarpKeys = kKeys / kGroups, kSN = kWarpKeys / 8;  // S n-tiles of a warp
   constexpr int kWarpDims = kDim / kGroups, kNT = kWarpDims / 8;   // O n-tiles of a warp
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);

@@ -805,10 +805,6 @@ void launch_mma_bf16(const MmaArgs& args, std::int64_t row_tiles, int groups, gp
          dim3(kThreads), kMmaSmem, stream, args);
 }
 
-// The few-rows kernel up to 16 rows, and up to 128 while the tile kernel would leave the GPU
-// short of CTAs (outputs narrower than ~16K for one 128-row tile): measured by bench_gpu_gemm,
-// where the tile kernel at 32-128 rows loses to re-reading the weight per 8 rows until it has
-// about one 128 x 128 tile per SM.
 // DSV4_GEMM_LIBRARY=1: prompt steps take cuBLASLt where it runs (gemm.h GemmPath).
 bool library_opted_in() {
   static const bool on = [] {
@@ -818,6 +814,10 @@ bool library_opted_in() {
   return on;
 }
 
+// The few-rows kernel up to 16 rows, and up to 128 while the tile kernel would leave the GPU
+// short of CTAs (outputs narrower than ~16K for one 128-row tile): measured by bench_gpu_gemm,
+// where the tile kernel at 32-128 rows loses to re-reading the weight per 8 rows until it has
+// about one 128 x 128 tile per SM.
 bool use_small(std::int64_t rows, std::int64_t n, GemmPath path) {
   if (path == GemmPath::kFewRows) return true;
   if (path == GemmPath::kTiles || path == GemmPath::kLibrary) return false;

@@ -93,10 +93,6 @@ __device__ __forceinline__ void e2m1_tables(std::uint8_t scale, std::uint32_t (&
   hi_tab[1] = hi[1];
 }
 
-struct TileSource {
-  std::int64_t page = -1;  // -1: the block is not held (zeros)
-};
-
 __global__ void __launch_bounds__(kScoreThreads) scores_kernel(IndexerArgs a, float weight_scale) {
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
   std::uint8_t* raw = smem;                                                         // [2][kRawTile]
@@ -295,13 +291,13 @@ __device__ __forceinline__ void load_quad(const float* sc, std::int64_t j, std::
     v[1] = q.y;
     v[2] = q.z;
     v[3] = q.w;
+    DSV4_UNROLL
+    for (int e = 0; e < 4; ++e)
+      if (j + e >= n) v[e] = -INFINITY;  // the row's padding
   } else {
     DSV4_UNROLL
     for (int e = 0; e < 4; ++e) v[e] = j + e < n ? sc[j + e] : -INFINITY;
   }
-  DSV4_UNROLL
-  for (int e = 0; e < 4; ++e)
-    if (j + e >= n) v[e] = -INFINITY;
 }
 
 // One CTA per token. Entries go in quads (four scores per load, two quads in flight per thread
@@ -423,6 +419,7 @@ void indexer_query(const IndexerArgs& args, gpu_stream_t stream) {
 void indexer_scores(const IndexerArgs& args, gpu_stream_t stream) {
   if (args.capacity <= 0 || args.max_entries <= 0) return;
   if (args.capacity > 65535) launch_error("GPU indexer: {} tokens in one call (at most 65535)", {args.capacity});
+  if (args.heads < 1 || args.heads > kMaxHeads) launch_error("GPU indexer: {} heads (1..{} supported)", {args.heads, kMaxHeads});
   // indexer_weight_scale: the product taken in double, then fp32.
   const float weight_scale =
       static_cast<float>(std::pow(static_cast<double>(kDim), -0.5) * std::pow(static_cast<double>(args.heads), -0.5));
