@@ -301,37 +301,23 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
     const std::set<std::int32_t> hit(chosen.begin(), chosen.end());
     const auto experts_hit = static_cast<std::int64_t>(hit.size());
 
-    // `reps` runs in one graph with events at the marks in `marks` (starting with 0: the run
-    // boundaries) and one after the last run; a warm-up replay, then the timed one.
+    // `reps` runs in one graph with events at the stages in `marks` (starting with 0: the run
+    // boundaries).
     auto timed = [&](const std::vector<int>& marks) {
-      const std::size_t per_run = marks.size();
-      std::vector<gpu::Event> events(per_run * static_cast<std::size_t>(reps) + 1);
-      gpu::Graph graph;
-      graph.begin_capture(stream);
-      for (int r = 0; r < reps; ++r) {
+      return bench::events_of_graph_runs(stream, reps, static_cast<int>(marks.size()), [&](int r, auto&& mark) {
         moe_run(r % copies, [&](int m) {
           const auto at = std::find(marks.begin(), marks.end(), m);
-          if (at != marks.end())
-            events[static_cast<std::size_t>(r) * per_run + static_cast<std::size_t>(at - marks.begin())]
-                .record_in_graph(stream);
+          if (at != marks.end()) mark(static_cast<int>(at - marks.begin()));
         });
-      }
-      events.back().record_in_graph(stream);
-      graph.end_capture(stream);
-      graph.replay(stream);  // warm-up
-      graph.replay(stream);
-      stream.synchronize();
-      return events;
+      });
     };
-    auto ms = [](const std::vector<gpu::Event>& ev, std::size_t a, std::size_t b) {
-      return static_cast<double>(gpu::Event::elapsed_ms(ev[a], ev[b]));
-    };
+    using bench::us_between;
     Result res;
     {
       const std::vector<gpu::Event> ev = timed({0});
       std::vector<double> us;
       for (int r = 0; r < reps; ++r)
-        us.push_back(ms(ev, static_cast<std::size_t>(r), static_cast<std::size_t>(r) + 1) * 1e3);
+        us.push_back(us_between(ev, static_cast<std::size_t>(r), static_cast<std::size_t>(r) + 1));
       res.total_us = median(us);
     }
     {
@@ -340,8 +326,8 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
       std::vector<double> gate_us, gemm_us;
       for (int r = 0; r < reps; ++r) {
         const std::size_t b = static_cast<std::size_t>(r) * marks.size();
-        gate_us.push_back(ms(ev, b + 0, b + 1) * 1e3);
-        gemm_us.push_back((ms(ev, b + 2, b + 3) + ms(ev, b + 4, b + 5)) * 1e3);
+        gate_us.push_back(us_between(ev, b + 0, b + 1));
+        gemm_us.push_back(us_between(ev, b + 2, b + 3) + us_between(ev, b + 4, b + 5));
       }
       res.gate_us = median(gate_us);
       res.gemm_us = median(gemm_us);
