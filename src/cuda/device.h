@@ -27,9 +27,9 @@
 //   macros     DSV4_DYNAMIC_SMEM(T, name), DSV4_DEVICE_ASSERT(cond)
 // and in namespace dsv4::gpu: launch, set_max_dynamic_smem, the mma wrappers, ldmatrix, cp.async,
 // Hopper's mbarriers with bulk copies into shared memory (mbarrier_init, mbarrier_arrive,
-// mbarrier_arrive_expect_tx, bulk_copy_to_shared, mbarrier_wait), and one warpgroup mma shape
-// (wgmma_descriptor, fence_proxy_async_shared, wgmma_fence, wgmma_m64n64k16_bf16, wgmma_commit,
-// wgmma_wait).
+// mbarrier_arrive_expect_tx, bulk_copy_to_shared, mbarrier_wait), and warpgroup mma (wgmma_descriptor,
+// fence_proxy_async_shared, wgmma_fence, wgmma_m64n{32,64}k16_bf16, wgmma_m64n256k16_bf16_bt,
+// wgmma_commit, wgmma_wait, wgmma_fence_operands).
 #pragma once
 
 #include <cstddef>
@@ -243,6 +243,62 @@ __device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], std::uint64
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))
       : "memory");
 }
+// The same with D[64 x 32] (B: 32 x 16, K-major).
+__device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], std::uint64_t desc_a, std::uint64_t desc_b,
+                                                    bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))
+      : "memory");
+}
+// D[64 x 256] (+)= A[64 x 16] B[16 x 256] with B stored MN-major ("transposed"): core matrices of
+// 8 K-rows x 8 N-values (16 bytes along N), element (k, n) at
+//   start + (n / 8) * sbo + (k / 8) * lbo + (k % 8) * 16 + (n % 8) * 2.
+// A K-major [keys][dims] tile read this way is its own transpose: the product P V with V = K.
+// d[4 j + e] = D[16 w + g + 8 (e / 2)][8 j + 2 q + e % 2], j = 0..31.
+__device__ __forceinline__ void wgmma_m64n256k16_bf16_bt(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b,
+                                                        bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))
+      : "memory");
+}
+// After wgmma_wait: tells the compiler the accumulators may have changed under it, so it neither
+// reads them early nor keeps copies from before the wait.
+template <int N>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
 }  // namespace dsv4::gpu
 
 #elif defined(DSV4_SIM)
@@ -380,15 +436,38 @@ inline float wgmma_operand(std::uint64_t desc, int r, int k) {
   std::memcpy(&v, &u, 4);
   return v;
 }
-inline void wgmma_m64n64k16_bf16(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
+// Value (k, n) of an MN-major bf16 operand (B of wgmma_m64n256k16_bf16_bt).
+inline float wgmma_operand_mn(std::uint64_t desc, int k, int n) {
+  const std::uint64_t start = (desc & 0x3FFFu) << 4, lbo = ((desc >> 16) & 0x3FFFu) << 4, sbo = ((desc >> 32) & 0x3FFFu) << 4;
+  std::uint16_t bits;
+  std::memcpy(&bits, sim::dynamic_smem() + start + (n / 8) * sbo + (k / 8) * lbo + (k % 8) * 16 + (n % 8) * 2, 2);
+  const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
+  float v;
+  std::memcpy(&v, &u, 4);
+  return v;
+}
+template <int N, bool kTransposedB>
+inline void wgmma_m64k16_bf16(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
   const int t = static_cast<int>(threadIdx.x % 128u), w = t / 32, g = (t % 32) / 4, q = t % 4;
-  for (int i = 0; i < 32; ++i) {
+  for (int i = 0; i < N / 2; ++i) {
     const int row = 16 * w + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * q + i % 2;
     float acc = accumulate ? d[i] : 0.0f;
-    for (int k = 0; k < 16; ++k) acc += wgmma_operand(desc_a, row, k) * wgmma_operand(desc_b, col, k);
+    for (int k = 0; k < 16; ++k)
+      acc += wgmma_operand(desc_a, row, k) * (kTransposedB ? wgmma_operand_mn(desc_b, k, col) : wgmma_operand(desc_b, col, k));
     d[i] = acc;
   }
 }
+inline void wgmma_m64n64k16_bf16(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
+  wgmma_m64k16_bf16<64, false>(d, desc_a, desc_b, accumulate);
+}
+inline void wgmma_m64n32k16_bf16(float (&d)[16], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
+  wgmma_m64k16_bf16<32, false>(d, desc_a, desc_b, accumulate);
+}
+inline void wgmma_m64n256k16_bf16_bt(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
+  wgmma_m64k16_bf16<256, true>(d, desc_a, desc_b, accumulate);
+}
+template <int N>
+inline void wgmma_fence_operands(float (&)[N]) {}
 
 inline void mbarrier_init(std::uint64_t* bar, unsigned count,
                           std::source_location loc = std::source_location::current()) {

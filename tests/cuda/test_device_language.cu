@@ -434,6 +434,40 @@ __global__ void wgmma_kernel(const std::uint16_t* a, const std::uint16_t* b, flo
   for (int i = 0; i < 32; ++i) d[(16 * w + g + 8 * ((i % 4) / 2)) * 64 + 8 * (i / 4) + 2 * q + i % 2] = acc[i];
 }
 
+// The two other wgmma shapes on the same A (64 x 32): D1 = A Bk^T with Bk [32 n][32 k] K-major
+// (m64n32k16), D2 = A Bt with Bt [32 k][256 n] stored MN-major (m64n256k16, B transposed): core
+// matrices of 8 k-rows x 8 n-values, n-blocks 128 bytes apart, k-blocks 4096.
+__device__ __forceinline__ int mn_core_offset(int k, int n, int lbo, int sbo) { return (n / 8) * sbo + (k / 8) * lbo + (k % 8) * 16 + (n % 8) * 2; }
+
+__global__ void wgmma_wide_kernel(const std::uint16_t* a, const std::uint16_t* bk, const std::uint16_t* bt, float* d1, float* d2) {
+  DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
+  std::uint8_t* sa = smem;
+  std::uint8_t* sk = smem + 4096;
+  std::uint8_t* st = smem + 6144;
+  const int t = static_cast<int>(threadIdx.x);
+  for (int i = t; i < 64 * 32; i += 128) *reinterpret_cast<std::uint16_t*>(sa + core_offset(i / 32, i % 32, 128, 512)) = a[i];
+  for (int i = t; i < 32 * 32; i += 128) *reinterpret_cast<std::uint16_t*>(sk + core_offset(i / 32, i % 32, 512, 128)) = bk[i];
+  for (int i = t; i < 32 * 256; i += 128) *reinterpret_cast<std::uint16_t*>(st + mn_core_offset(i / 256, i % 256, 4096, 128)) = bt[i];
+  gpu::fence_proxy_async_shared();
+  __syncthreads();
+  float acc1[16], acc2[128];
+  for (float& v : acc1) v = 0.0f;
+  for (float& v : acc2) v = 0.0f;
+  gpu::wgmma_fence();
+  for (int ks = 0; ks < 2; ++ks) {
+    const std::uint64_t da = gpu::wgmma_descriptor(sa + 2 * ks * 128, 128, 512);
+    gpu::wgmma_m64n32k16_bf16(acc1, da, gpu::wgmma_descriptor(sk + 2 * ks * 512, 512, 128), ks > 0);
+    gpu::wgmma_m64n256k16_bf16_bt(acc2, da, gpu::wgmma_descriptor(st + 2 * ks * 4096, 4096, 128), ks > 0);
+  }
+  gpu::wgmma_commit();
+  gpu::wgmma_wait<0>();
+  gpu::wgmma_fence_operands(acc1);
+  gpu::wgmma_fence_operands(acc2);
+  const int w = t / 32, g = (t % 32) / 4, q = t % 4;
+  for (int i = 0; i < 16; ++i) d1[(16 * w + g + 8 * ((i % 4) / 2)) * 32 + 8 * (i / 4) + 2 * q + i % 2] = acc1[i];
+  for (int i = 0; i < 128; ++i) d2[(16 * w + g + 8 * ((i % 4) / 2)) * 256 + 8 * (i / 4) + 2 * q + i % 2] = acc2[i];
+}
+
 // Bulk copies completed on an mbarrier, two phases of the same barrier: thread 0 announces the
 // bytes and issues the copies in four pieces, every thread waits for the phase and reads.
 __global__ void bulk_copy_kernel(const uint4* src, uint4* dst) {
@@ -1001,6 +1035,35 @@ TEST(DeviceLanguage, WgmmaMultipliesSharedOperands) {
       for (int k = 0; k < 32; ++k) want += a[m * 32 + k] * b[n * 32 + k];
       ASSERT_EQ(d[m * 64 + n], static_cast<float>(want)) << "row " << m << " column " << n;
     }
+}
+
+TEST(DeviceLanguage, WgmmaNarrowAndTransposedShapes) {
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int> small(-4, 4);
+  std::vector<int> a(64 * 32), bk(32 * 32), bt(32 * 256);
+  auto bits = [&](std::vector<int>& v) {
+    std::vector<std::uint16_t> out(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) out[i] = dsv4::f32_to_bf16_bits(static_cast<float>(v[i] = small(rng)));
+    return out;
+  };
+  DeviceVector<std::uint16_t> d_a(bits(a)), d_bk(bits(bk)), d_bt(bits(bt));
+  DeviceVector<float> d1(64 * 32), d2(64 * 256);
+  gpu::launch(wgmma_wide_kernel, dim3(1), dim3(128), 6144 + 16384, test_stream().handle(), d_a.get(), d_bk.get(), d_bt.get(),
+              d1.get(), d2.get());
+  const auto h1 = d1.to_host();
+  const auto h2 = d2.to_host();
+  for (int m = 0; m < 64; ++m) {
+    for (int n = 0; n < 32; ++n) {
+      int want = 0;
+      for (int k = 0; k < 32; ++k) want += a[m * 32 + k] * bk[n * 32 + k];
+      ASSERT_EQ(h1[m * 32 + n], static_cast<float>(want)) << "n32: row " << m << " column " << n;
+    }
+    for (int n = 0; n < 256; ++n) {
+      int want = 0;
+      for (int k = 0; k < 32; ++k) want += a[m * 32 + k] * bt[k * 256 + n];
+      ASSERT_EQ(h2[m * 256 + n], static_cast<float>(want)) << "n256 (B transposed): row " << m << " column " << n;
+    }
+  }
 }
 
 TEST(DeviceLanguage, BulkCopiesCompleteOnAnMbarrier) {
