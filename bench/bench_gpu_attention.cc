@@ -275,7 +275,6 @@ double run_attention(const AttentionCase& ac, std::int64_t seqs, std::int64_t s_
   a.kv_fp8 = true;
   a.compressed_rope = ac.ratio > 0;
   a.out = out.as<std::uint16_t>();
-  a.sm_count = info.sm_count;
   a.splits = gpu::attention_splits(T, H, max_keys, info.sm_count);
   *splits_out = a.splits;
   DeviceBuffer part_acc, part_ml;
@@ -384,7 +383,6 @@ void bench_indexer_case(const char* label, std::int64_t seqs, std::int64_t ctx, 
   a.top_k = static_cast<std::int32_t>(kTop);
   a.top_idx = top.as<std::int32_t>();
   a.top_count = count.as<std::int32_t>();
-  a.sm_count = info.sm_count;
   stream.synchronize();
   auto with_step = [&](int r) {
     gpu::IndexerArgs ar = a;

@@ -786,7 +786,6 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
   if (options_.max_attention_splits > 0) at.splits = std::min(at.splits, options_.max_attention_splits);
   at.part_acc = s.part_acc;
   at.part_ml = s.part_ml;
-  at.sm_count = device_.sm_count;
   {
     ProfileScope prof(*this, "attn: sparse attention");
     sparse_attention(at, st);

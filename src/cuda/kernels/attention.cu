@@ -6,7 +6,6 @@
 #include "cuda/kernels/launch_check.h"
 #include "cuda/device.h"
 #include "cuda/kernels/cache_access.cuh"
-#include "cuda/kernels/fragments.cuh"
 #include "cuda/kernels/numerics.cuh"
 #include "numerics/exp_float.h"
 
@@ -14,13 +13,11 @@ namespace dsv4::gpu {
 namespace {
 
 constexpr int kDim = 512, kNope = 448;
+constexpr int kHeads = 64;         // heads of a CTA: the M of one warpgroup mma
 constexpr int kKeys = 64;          // keys per chunk
-constexpr int kRow = kDim + 8;     // bf16 row stride of queries and keys in shared memory (16-byte
-                                   // aligned rows, ldmatrix without bank conflicts)
-constexpr int kPRow = kKeys + 8;   // bf16 row stride of the probabilities
 constexpr int kRawKey = 592;       // a staged fp8 entry: 576 data bytes, then the 16-byte chunk of
                                    // the scale region holding its 8 scale bytes
-constexpr int kThreads = 256;      // 8 warps
+constexpr int kThreads = 256;      // 2 warpgroups
 constexpr int kAhead = 4;          // key addresses are resolved over 4 chunks ahead (see below)
 constexpr int kMaxSplitTokens = 256;  // splits * tokens bound of the partial buffers
 // Probabilities inside the key loop are exp2((s - max) log2 e): the hardware's exp2 (about 2 ulp
@@ -28,14 +25,23 @@ constexpr int kMaxSplitTokens = 256;  // splits * tokens bound of the partial bu
 // term and the split merge keep exp_float. The probabilities are rounded to bf16 before P.V.
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Shared memory of a CTA of `heads` heads: queries, one chunk of keys as bf16, two staged chunks
-// of raw fp8 entries, the chunk's probabilities, per-warp row maxima and sums, the scale offsets.
-constexpr int key_groups(int heads) { return 8 / (heads / 16); }
-constexpr int smem_bytes(int heads) {
-  return (heads + kKeys) * kRow * 2 + 2 * kKeys * kRawKey + heads * kPRow * 2 + (key_groups(heads) + kKeys / 8) * heads * 4 +
-         2 * kKeys;
+// Shared-memory tiles in the warpgroup mma's unswizzled layout (device.h): core matrices of 8 rows
+// x 8 bf16 values (128 contiguous bytes). Queries [64 heads][512 dims] and keys [64 keys][512 dims]
+// put the 64 core matrices along the dims of 8 rows side by side (128 bytes apart) and the 8-row
+// groups 8 KB apart; the probabilities [64 heads][64 keys] 128 and 1024 bytes apart. The key tile
+// serves Q.K^T as a K-major B (rows = keys) and P.V as an MN-major B (the same bytes, transposed).
+constexpr int kCore = 128, kRowGroup = (kDim / 8) * kCore, kPRowGroup = (kKeys / 8) * kCore;
+template <int kGroupBytes = kRowGroup>
+__device__ __forceinline__ int tile_offset(int row, int col) {
+  return (row / 8) * kGroupBytes + (col / 8) * kCore + (row % 8) * 16 + (col % 8) * 2;
 }
-static_assert(smem_bytes(64) <= 227 * 1024, "a CTA of 64 heads must fit the SM's shared memory");
+
+// Shared memory: queries, the chunk's bf16 keys, two staged chunks of raw fp8 entries, the chunk's
+// probabilities, the two warpgroups' row maxima, the per-8-keys row sums, the scale offsets.
+constexpr int kQBytes = kHeads * kDim * 2, kKBytes = kKeys * kDim * 2, kRawBytes = 2 * kKeys * kRawKey;
+constexpr int kPBytes = kHeads * kKeys * 2;
+constexpr int kSmemBytes = kQBytes + kKBytes + kRawBytes + kPBytes + (2 + kKeys / 8) * kHeads * 4 + 2 * kKeys;
+static_assert(kSmemBytes <= 227 * 1024, "the CTA must fit the SM's shared memory");
 
 struct KeySet {
   int n_window = 0, first = 0, n_keys = 0;
@@ -120,29 +126,25 @@ __device__ __forceinline__ void finish_pair(float v0, float v1, int d, const flo
   out[d + 1] = bf16_bits(x1);
 }
 
-// A CTA takes kHeads heads of one token (64; or 16 for steps with few tokens) and a range of its
-// key chunks. Per chunk of 64 keys:
+// A CTA takes the 64 heads of one token (head group blockIdx.y) and a range of its key chunks;
+// warpgroup w (threads 128 w ..) owns keys 32 w .. 32 w + 31 of a chunk for Q.K^T and output dims
+// 256 w .. 256 w + 255 for P.V. Per chunk of 64 keys:
 //   1. the raw fp8 entries of the next chunk are copied (cp.async) into the other stage buffer;
-//      this chunk's entries are dequantized into bf16 keys (exact: fp8 code x power-of-two scale)
-//   2. S = Q K^T: warp (wr, wk) takes heads 16 wr .. 16 wr + 15 and its key group wk (32 or 8
-//      keys), bf16 mma from ldmatrix fragments
-//   3. online softmax: the chunk's row maxima through shared memory (every warp of a row then
-//      holds the same running max), P = exp(S - max) rounded to bf16 into shared memory, sums
-//   4. O += P V: warp (wr, wk) takes the same heads and output dims 512 / groups * wk .., V
-//      fragments by ldmatrix.trans from the same bf16 keys
-// bf16 caches skip step 1's dequantization: their entries are copied straight into the keys.
-template <int kHeads>
+//      this chunk's entries are dequantized into the bf16 key tile (exact: fp8 code x power-of-two
+//      scale)
+//   2. S = Q K^T: 32 asynchronous m64n32k16 products per warpgroup from shared memory
+//   3. online softmax: the chunk's row maxima through shared memory (both warpgroups then hold the
+//      same running max), P = exp(S - max) rounded to bf16 into the probability tile, row sums
+//   4. O += P V: 4 m64n256k16 products per warpgroup, V read as the transposed key tile
+// bf16 caches skip step 1's dequantization: their entries are copied straight into the key tile.
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a) {
-  constexpr int kRowTiles = kHeads / 16, kGroups = key_groups(kHeads);
-  constexpr int kWarpKeys = kKeys / kGroups, kSN = kWarpKeys / 8;  // S n-tiles of a warp
-  constexpr int kWarpDims = kDim / kGroups, kNT = kWarpDims / 8;   // O n-tiles of a warp
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
-  std::uint16_t* qs = reinterpret_cast<std::uint16_t*>(smem);            // [kHeads][kRow]
-  std::uint16_t* ks = qs + kHeads * kRow;                                // [kKeys][kRow]
-  std::uint8_t* raw = reinterpret_cast<std::uint8_t*>(ks + kKeys * kRow);  // [2][kKeys][kRawKey]
-  std::uint16_t* ps = reinterpret_cast<std::uint16_t*>(raw + 2 * kKeys * kRawKey);  // [kHeads][kPRow]
-  float* red_max = reinterpret_cast<float*>(ps + kHeads * kPRow);        // [kGroups][kHeads]
-  float* red_sum = red_max + kGroups * kHeads;                           // [kKeys / 8][kHeads]
+  std::uint8_t* qs = smem;                          // [64 heads][512] tile
+  std::uint8_t* ks = qs + kQBytes;                  // [64 keys][512] tile
+  std::uint8_t* raw = ks + kKBytes;                 // [2][kKeys][kRawKey]
+  std::uint8_t* ps = raw + kRawBytes;               // [64 heads][64 keys] tile
+  float* red_max = reinterpret_cast<float*>(ps + kPBytes);  // [2][kHeads]
+  float* red_sum = red_max + 2 * kHeads;                     // [kKeys / 8][kHeads]
   std::uint8_t* scale_at = reinterpret_cast<std::uint8_t*>(red_sum + (kKeys / 8) * kHeads);  // [2][kKeys]
 
   __shared__ DeviceCacheGroup groups_s[2];  // the window's and the compressed entries'
@@ -151,8 +153,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   const int t = blockIdx.x;
   if (t >= st.n_tokens) return;
   const int hg = blockIdx.y, split = blockIdx.z;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
-  const int wr = warp % kRowTiles, wk = warp / kRowTiles;
+  const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  const int wg = tid >> 7, wq = (tid >> 5) & 3;  // warpgroup, warp within it (rows 16 wq ..)
   const int row = st.token_row[t];
 
   if (tid == 0) {
@@ -173,12 +175,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   const int per_split = (chunks + a.splits - 1) / a.splits;
   const int c_begin = min(chunks, split * per_split), c_end = min(chunks, c_begin + per_split);
 
+  // Queries: a warp writes four whole core matrices (8 heads x 4 x 8 dims) per pass.
   for (int idx = tid; idx < kHeads * (kDim / 8); idx += kThreads) {
-    const int h = idx / (kDim / 8), part = idx % (kDim / 8);
+    const int h = (idx / 512) * 8 + idx % 8, part = (idx / 8) % 64;
     const int head = hg * kHeads + h;
     uint4 v = make_uint4(0, 0, 0, 0);
     if (head < a.heads) v = *reinterpret_cast<const uint4*>(a.q + (static_cast<std::int64_t>(t) * a.heads + head) * kDim + part * 8);
-    *reinterpret_cast<uint4*>(qs + h * kRow + part * 8) = v;
+    *reinterpret_cast<uint4*>(qs + tile_offset(h, part * 8)) = v;
   }
 
   // Thread tid copies part tid % 4 of key tid / 4 of a chunk; it resolves that key's address.
@@ -188,13 +191,20 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   const std::uint8_t* held_data = nullptr;  // bf16 caches: the entry of the next chunk
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float o[kNT][4];
+  float o[128];  // O[16 wq + g + 8 (e / 2)][256 wg + 8 j + 2 tig + e % 2] = o[4 j + e]
   DSV4_UNROLL
-  for (int nj = 0; nj < kNT; ++nj)
-    DSV4_UNROLL
-    for (int e = 0; e < 4; ++e) o[nj][e] = 0.0f;
+  for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
-  __syncthreads();  // groups_s
+  // Descriptors of the products' operands at their first k step (device.h, wgmma_descriptor).
+  const std::uint64_t q_desc = wgmma_descriptor(qs, kCore, kRowGroup);
+  const std::uint64_t k_desc = wgmma_descriptor(ks + (32 * wg / 8) * kRowGroup, kCore, kRowGroup);
+  const std::uint64_t p_desc = wgmma_descriptor(ps, kCore, kPRowGroup);
+  const std::uint64_t v_desc = wgmma_descriptor(ks + (256 * wg / 8) * kCore, kRowGroup, kCore);
+  // A descriptor's start address counts 16-byte units in its low bits.
+  auto advanced = [](std::uint64_t desc, int bytes) { return desc + static_cast<std::uint64_t>(bytes >> 4); };
+
+  fence_proxy_async_shared();  // the query tile, written by threads, is read by the products
+  __syncthreads();             // groups_s, the query tile
   // Copies of keys that are not there read nothing (zero fill); they still name a global address.
   const std::uint8_t* nowhere = reinterpret_cast<const std::uint8_t*>(a.q);
   for (int c = c_begin - kAhead; c < c_end; ++c) {
@@ -234,14 +244,15 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     if (c < c_begin) continue;
 
     cp_async_wait<1>();  // this chunk's raw entries (the next chunk's may be in flight)
-    __syncthreads();     // ... visible to all; the previous chunk's keys and P no longer read
+    __syncthreads();     // ... visible to all; the previous chunk's products are done
     if (a.kv_fp8) {
+      // Unit u (16 bytes) of key `key`: the 8 threads of a quarter warp take 8 keys of one unit, so
+      // each writes one row of the same core matrices.
       const std::uint8_t* src = raw + (c & 1) * (kKeys * kRawKey);
       for (int idx = tid; idx < kKeys * 36; idx += kThreads) {
-        const int key = idx / 36, u = idx % 36;
+        const int key = idx % kKeys, u = idx / kKeys;
         const std::uint8_t* entry = src + key * kRawKey;
         const uint4 v = *reinterpret_cast<const uint4*>(entry + u * 16);
-        uint4* dst = reinterpret_cast<uint4*>(ks + key * kRow);
         if (u < kNope / 16) {
           const float scale = ue8m0_value(entry[576 + scale_at[(c & 1) * kKeys + key] + u / 4]);
           const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
@@ -251,161 +262,121 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
             b[2 * j] = e4m3x2_to_bf16x2(w[j] & 0xffffu, scale);
             b[2 * j + 1] = e4m3x2_to_bf16x2(w[j] >> 16, scale);
           }
-          dst[2 * u] = make_uint4(b[0], b[1], b[2], b[3]);
-          dst[2 * u + 1] = make_uint4(b[4], b[5], b[6], b[7]);
+          *reinterpret_cast<uint4*>(ks + tile_offset(key, 16 * u)) = make_uint4(b[0], b[1], b[2], b[3]);
+          *reinterpret_cast<uint4*>(ks + tile_offset(key, 16 * u + 8)) = make_uint4(b[4], b[5], b[6], b[7]);
         } else {
-          dst[kNope / 8 + (u - kNope / 16)] = v;  // rope dims: bf16 as stored
+          *reinterpret_cast<uint4*>(ks + tile_offset(key, kNope + 8 * (u - kNope / 16))) = v;  // rope dims: bf16 as stored
         }
       }
     } else {
-      uint4* dst = reinterpret_cast<uint4*>(ks + my_key * kRow);
       for (int u = my_part * 16; u < my_part * 16 + 16; ++u)
-        cp_async_16_zfill(dst + u, chunk_data != nullptr ? chunk_data + u * 16 : nowhere, chunk_data != nullptr);
+        cp_async_16_zfill(ks + tile_offset(my_key, 8 * u), chunk_data != nullptr ? chunk_data + u * 16 : nowhere, chunk_data != nullptr);
       cp_async_wait_all();
     }
+    fence_proxy_async_shared();  // the key tile, written by threads, is read by the products
     __syncthreads();
 
-    // S = Q K^T for this warp's 16 heads and its kWarpKeys keys.
-    float s[kSN][4];
+    // S = Q K^T for this warpgroup's 32 keys.
+    float s[16];
     DSV4_UNROLL
-    for (int ni = 0; ni < kSN; ++ni)
-      DSV4_UNROLL
-      for (int e = 0; e < 4; ++e) s[ni][e] = 0.0f;
-    {
-      const LaneOffset al = a_fragment_lane(lane);
-      const std::uint16_t* qa = qs + (wr * 16 + al.row) * kRow + al.col;
-      if constexpr (kSN >= 2) {
-        const LaneOffset bl = b_rows_n_lane(lane);
-        const std::uint16_t* kb = ks + (wk * kWarpKeys + bl.row) * kRow + bl.col;
-        DSV4_UNROLL
-        for (int kk = 0; kk < kDim / 16; ++kk) {
-          std::uint32_t af[4];
-          ldmatrix_x4(af, qa + kk * 16);
-          DSV4_UNROLL
-          for (int np = 0; np < kSN / 2; ++np) {
-            std::uint32_t b[4];
-            ldmatrix_x4(b, kb + np * 16 * kRow + kk * 16);
-            mma_bf16_two_tiles(s[2 * np], s[2 * np + 1], af, b);
-          }
-        }
-      } else {
-        // one n-tile of 8 keys: an x4 load holds its fragments for two k steps
-        const std::uint16_t* kb = ks + (wk * kWarpKeys + (lane & 7)) * kRow + 8 * (lane >> 3);
-        DSV4_UNROLL
-        for (int k2 = 0; k2 < kDim / 32; ++k2) {
-          std::uint32_t b[4], af[4];
-          ldmatrix_x4(b, kb + k2 * 32);
-          const std::uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-          ldmatrix_x4(af, qa + k2 * 32);
-          mma_m16n8k16_bf16(s[0], af, b0, s[0]);
-          ldmatrix_x4(af, qa + k2 * 32 + 16);
-          mma_m16n8k16_bf16(s[0], af, b1, s[0]);
-        }
-      }
-    }
-    // Online softmax over the chunk (rows g and g + 8 of the tile; a row's values sit in one quad).
+    for (int i = 0; i < 16; ++i) s[i] = 0.0f;
+    wgmma_fence();
+    DSV4_UNROLL
+    for (int kk = 0; kk < kDim / 16; ++kk)
+      wgmma_m64n32k16_bf16(s, advanced(q_desc, kk * 2 * kCore), advanced(k_desc, kk * 2 * kCore), kk > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(s);
+
+    // Online softmax over the chunk (rows g and g + 8 of the warp's 16; a row's values sit in one quad).
     float mx[2] = {-INFINITY, -INFINITY};
     DSV4_UNROLL
-    for (int ni = 0; ni < kSN; ++ni) {
-      DSV4_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const int key = c * kKeys + wk * kWarpKeys + ni * 8 + tig * 2 + (e & 1);
-        s[ni][e] = key < look.keys.n_keys ? s[ni][e] * a.scale : -INFINITY;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[ni][e]);
-      }
+    for (int i = 0; i < 16; ++i) {
+      const int key = c * kKeys + 32 * wg + 8 * (i / 4) + tig * 2 + (i & 1);
+      s[i] = key < look.keys.n_keys ? s[i] * a.scale : -INFINITY;
+      mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
     }
     DSV4_UNROLL
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      if (tig == 0) red_max[wk * kHeads + wr * 16 + g + 8 * r] = mx[r];
+      if (tig == 0) red_max[wg * kHeads + wq * 16 + g + 8 * r] = mx[r];
     }
     __syncthreads();
     float corr[2];
     DSV4_UNROLL
     for (int r = 0; r < 2; ++r) {
-      float chunk_max = -INFINITY;
-      DSV4_UNROLL
-      for (int k = 0; k < kGroups; ++k) chunk_max = fmaxf(chunk_max, red_max[k * kHeads + wr * 16 + g + 8 * r]);
-      const float m_new = fmaxf(m[r], chunk_max);
+      const int h = wq * 16 + g + 8 * r;
+      const float m_new = fmaxf(m[r], fmaxf(red_max[h], red_max[kHeads + h]));
       corr[r] = m[r] == -INFINITY ? 0.0f : exp2f((m[r] - m_new) * kLog2e);
       m[r] = m_new;
     }
     // The chunk's row sum is taken per 8 keys (a pair per lane, then across the quad) and over the
-    // eight groups of 8 in key order: the same additions whatever the heads of a CTA, so a token's
-    // result does not depend on the grid (batch invariance).
+    // eight groups of 8 in key order, whatever the split of the work.
     DSV4_UNROLL
-    for (int ni = 0; ni < kSN; ++ni) {
+    for (int j = 0; j < 4; ++j) {
       float p[4];
       DSV4_UNROLL
-      for (int e = 0; e < 4; ++e) p[e] = s[ni][e] == -INFINITY ? 0.0f : exp2f((s[ni][e] - m[e >> 1]) * kLog2e);
-      const int key = wk * kWarpKeys + ni * 8 + tig * 2;
-      *reinterpret_cast<std::uint32_t*>(ps + (wr * 16 + g) * kPRow + key) = pack_bf16(p[0], p[1]);
-      *reinterpret_cast<std::uint32_t*>(ps + (wr * 16 + g + 8) * kPRow + key) = pack_bf16(p[2], p[3]);
+      for (int e = 0; e < 4; ++e) p[e] = s[4 * j + e] == -INFINITY ? 0.0f : exp2f((s[4 * j + e] - m[e >> 1]) * kLog2e);
+      const int key = 32 * wg + 8 * j + tig * 2;
+      *reinterpret_cast<std::uint32_t*>(ps + tile_offset<kPRowGroup>(wq * 16 + g, key)) = pack_bf16(p[0], p[1]);
+      *reinterpret_cast<std::uint32_t*>(ps + tile_offset<kPRowGroup>(wq * 16 + g + 8, key)) = pack_bf16(p[2], p[3]);
       DSV4_UNROLL
       for (int r = 0; r < 2; ++r) {
         float sum = p[2 * r] + p[2 * r + 1];
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (tig == 0) red_sum[(key / 8) * kHeads + wr * 16 + g + 8 * r] = sum;
+        if (tig == 0) red_sum[(key / 8) * kHeads + wq * 16 + g + 8 * r] = sum;
       }
     }
+    fence_proxy_async_shared();  // the probability tile is read by the products
     __syncthreads();
     DSV4_UNROLL
     for (int r = 0; r < 2; ++r) {
       float chunk_sum = 0.0f;
       DSV4_UNROLL
-      for (int k = 0; k < kKeys / 8; ++k) chunk_sum += red_sum[k * kHeads + wr * 16 + g + 8 * r];
+      for (int k = 0; k < kKeys / 8; ++k) chunk_sum += red_sum[k * kHeads + wq * 16 + g + 8 * r];
       l[r] = l[r] * corr[r] + chunk_sum;
     }
     DSV4_UNROLL
-    for (int nj = 0; nj < kNT; ++nj) {
-      o[nj][0] *= corr[0];
-      o[nj][1] *= corr[0];
-      o[nj][2] *= corr[1];
-      o[nj][3] *= corr[1];
+    for (int j = 0; j < 32; ++j) {
+      o[4 * j] *= corr[0];
+      o[4 * j + 1] *= corr[0];
+      o[4 * j + 2] *= corr[1];
+      o[4 * j + 3] *= corr[1];
     }
-    // O += P V over this warp's output dims (V = the chunk's keys).
-    {
-      const LaneOffset al = a_fragment_lane(lane), vl = b_rows_k_lane(lane);
-      const std::uint16_t* pa = ps + (wr * 16 + al.row) * kPRow + al.col;
-      const std::uint16_t* vb = ks + vl.row * kRow + wk * kWarpDims + vl.col;
-      DSV4_UNROLL
-      for (int kk = 0; kk < kKeys / 16; ++kk) {
-        std::uint32_t af[4];
-        ldmatrix_x4(af, pa + kk * 16);
-        DSV4_UNROLL
-        for (int np = 0; np < kNT / 2; ++np) {
-          std::uint32_t b[4];
-          ldmatrix_x4_trans(b, vb + kk * 16 * kRow + np * 16);
-          mma_bf16_two_tiles(o[2 * np], o[2 * np + 1], af, b);
-        }
-      }
-    }
+    // O += P V over this warpgroup's 256 output dims (V = the chunk's key tile).
+    wgmma_fence();
+    DSV4_UNROLL
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      wgmma_m64n256k16_bf16_bt(o, advanced(p_desc, kk * 2 * kCore), advanced(v_desc, kk * 2 * kRowGroup), true);
+    wgmma_commit();
+    wgmma_wait<0>();
+    wgmma_fence_operands(o);
   }
 
   const float* cs = (a.compressed_rope ? st.rope_compressed : st.rope_window) + static_cast<std::int64_t>(t) * 2 * kRopeHalf;
   DSV4_UNROLL
   for (int r = 0; r < 2; ++r) {
-    const int head = hg * kHeads + wr * 16 + g + 8 * r;
+    const int head = hg * kHeads + wq * 16 + g + 8 * r;
     if (head < a.heads && a.splits == 1) {
       const float den = l[r] + exp_float(a.sink[head] - m[r]);
       std::uint16_t* out = a.out + (static_cast<std::int64_t>(t) * a.heads + head) * kDim;
       DSV4_UNROLL
-      for (int nj = 0; nj < kNT; ++nj) {
-        const int d = wk * kWarpDims + nj * 8 + tig * 2;
-        finish_pair(o[nj][2 * r] / den, o[nj][2 * r + 1] / den, d, cs, out);
+      for (int j = 0; j < 32; ++j) {
+        const int d = 256 * wg + 8 * j + tig * 2;
+        finish_pair(o[4 * j + 2 * r] / den, o[4 * j + 2 * r + 1] / den, d, cs, out);
       }
     } else if (head < a.heads) {
       const std::int64_t base = (static_cast<std::int64_t>(split) * a.capacity + t) * a.heads + head;
       float* acc = a.part_acc + base * kDim;
       DSV4_UNROLL
-      for (int nj = 0; nj < kNT; ++nj) {
-        const int d = wk * kWarpDims + nj * 8 + tig * 2;
-        acc[d] = o[nj][2 * r];
-        acc[d + 1] = o[nj][2 * r + 1];
+      for (int j = 0; j < 32; ++j) {
+        const int d = 256 * wg + 8 * j + tig * 2;
+        acc[d] = o[4 * j + 2 * r];
+        acc[d + 1] = o[4 * j + 2 * r + 1];
       }
-      if (wk == 0 && tig == 0) {
+      if (wg == 0 && tig == 0) {
         a.part_ml[base * 2] = m[r];
         a.part_ml[base * 2 + 1] = l[r];
       }
@@ -458,22 +429,11 @@ void sparse_attention(const AttentionArgs& args, gpu_stream_t stream) {
     launch_error("sparse_attention: {} splits without partial buffers", {args.splits});
   if (args.splits > 1 && args.splits * args.capacity > kMaxSplitTokens)
     launch_error("sparse_attention: {} splits x {} tokens exceed the partial buffers", {args.splits, args.capacity});
-  // Few CTAs at 64 heads each (decode): 16 heads a CTA, four times the CTAs, while they still fit
-  // in one wave (a CTA takes a whole SM; a second wave would cost more than the smaller CTAs save).
-  const std::int64_t ctas16 = static_cast<std::int64_t>(args.capacity) * ((args.heads + 15) / 16) * args.splits;
-  const int heads_per_cta = args.heads_per_cta != 0 ? args.heads_per_cta : (ctas16 <= args.sm_count ? 16 : 64);
-  if (heads_per_cta != 16 && heads_per_cta != 64) launch_error("sparse_attention: {} heads a CTA (16 or 64)", {heads_per_cta});
-  const unsigned head_groups = static_cast<unsigned>((args.heads + heads_per_cta - 1) / heads_per_cta);
-  const dim3 grid(static_cast<unsigned>(args.capacity), head_groups, static_cast<unsigned>(args.splits));
-  if (heads_per_cta == 16) {
-    static const bool smem_set = (set_max_dynamic_smem(attention_kernel<16>, smem_bytes(16)), true);
-    (void)smem_set;
-    launch(attention_kernel<16>, grid, dim3(kThreads), smem_bytes(16), stream, args);
-  } else {
-    static const bool smem_set = (set_max_dynamic_smem(attention_kernel<64>, smem_bytes(64)), true);
-    (void)smem_set;
-    launch(attention_kernel<64>, grid, dim3(kThreads), smem_bytes(64), stream, args);
-  }
+  const dim3 grid(static_cast<unsigned>(args.capacity), static_cast<unsigned>((args.heads + kHeads - 1) / kHeads),
+                  static_cast<unsigned>(args.splits));
+  static const bool smem_set = (set_max_dynamic_smem(attention_kernel, kSmemBytes), true);
+  (void)smem_set;
+  launch(attention_kernel, grid, dim3(kThreads), kSmemBytes, stream, args);
   if (args.splits > 1) {
     launch(combine_kernel, dim3(static_cast<unsigned>(args.capacity), static_cast<unsigned>(args.heads)), dim3(kDim / 4), 0,
            stream, args);

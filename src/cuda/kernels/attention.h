@@ -9,13 +9,12 @@
 // them with the per-head sink in the denominator, probabilities rounded to bf16 before P.V, the
 // output rounded to bf16, rotated back by the inverse RoPE at p, rounded again.
 //
-// A CTA takes one token, 64 heads (16 when the grid would be small: decode) and a share of the
-// token's keys (split-K over `splits` CTAs when keys are many and tokens few: partial softmax
-// states, merged by a combine kernel), 64 keys at a time. The keys' cache addresses are resolved
-// chunks ahead and their raw fp8 entries copied asynchronously one chunk ahead, then dequantized
-// into bf16 in shared memory; Q.K^T and P.V are bf16 mma on ldmatrix fragments, the warps
-// splitting the keys for Q.K^T and the output dims for P.V (attention.cu). The heads a CTA takes
-// change no value.
+// A CTA takes one token, 64 heads and a share of the token's keys (split-K over `splits` CTAs
+// when keys are many and tokens few: partial softmax states, merged by a combine kernel), 64 keys
+// at a time. The keys' cache addresses are resolved chunks ahead and their raw fp8 entries copied
+// asynchronously one chunk ahead, then dequantized into bf16 in shared memory; Q.K^T and P.V are
+// Hopper warpgroup mma (wgmma) products from shared memory, the two warpgroups splitting the keys
+// for Q.K^T and the output dims for P.V (attention.cu).
 #pragma once
 
 #include <cstdint>
@@ -46,8 +45,6 @@ struct AttentionArgs {
   std::int32_t splits = 1;
   float* part_acc = nullptr;
   float* part_ml = nullptr;
-  std::int32_t heads_per_cta = 0;  // 16 or 64; 0: chosen by the grid size (tests force each)
-  std::int32_t sm_count = 132;     // the GPU's SMs (the grid-size choice)
 };
 
 // Keys of a token at most: window + max(top_k, complete c128 entries).
