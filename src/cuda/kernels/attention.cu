@@ -68,10 +68,23 @@ __device__ __forceinline__ RowTable row_table(const DeviceCacheGroup& g, int row
   return {g.table_base[row], g.table_start[row], g.table_start[row + 1]};
 }
 
+// Entries of a cache block: a power of two in every V4 layout (a shift and a mask), else divided.
+struct EntriesPerBlock {
+  std::int32_t n = 1, shift = -1;
+  __device__ __forceinline__ void set(std::int32_t entries) {
+    n = max(entries, 1);
+    const int s = __ffs(n) - 1;
+    shift = n == (1 << s) ? s : -1;
+  }
+  __device__ __forceinline__ std::int32_t block_of(std::int32_t index) const { return shift >= 0 ? index >> shift : index / n; }
+  __device__ __forceinline__ std::int32_t entry_of(std::int32_t index) const { return shift >= 0 ? index & (n - 1) : index % n; }
+};
+
 // Key i of a token is found in three dependent reads -- its index (a window position, a CSA
 // top-k entry, an HCA entry), the block id from the row's block table, the page from the page
 // table -- then its bytes are copied. Each read is issued one chunk before its result is used,
 // so the chain runs kAhead chunks ahead of the arithmetic and its latency hides behind it.
+// Indices are positions or entries of one sequence: 32-bit.
 struct KeyLookup {
   const DeviceCacheGroup* win_group;   // copies of the two groups in shared memory
   const DeviceCacheGroup* comp_group;
@@ -79,25 +92,25 @@ struct KeyLookup {
   std::int32_t win_slot, comp_slot, ratio;
   KeySet keys;
   RowTable win, comp;
+  EntriesPerBlock win_epb, comp_epb;
   __device__ __forceinline__ bool in_window(int i) const { return i < keys.n_window; }
   __device__ __forceinline__ const DeviceCacheGroup& group(int i) const { return in_window(i) ? *win_group : *comp_group; }
+  __device__ __forceinline__ const EntriesPerBlock& epb(int i) const { return in_window(i) ? win_epb : comp_epb; }
   // The index of key i (-1: past the token's keys). Reads top_idx on CSA layers.
-  __device__ __forceinline__ std::int64_t index(int i) const {
+  __device__ __forceinline__ std::int32_t index(int i) const {
     if (i >= keys.n_keys) return -1;
     if (in_window(i)) return keys.first + i;
     const int c = i - keys.n_window;
     return ratio == 4 ? top_idx[c] : c;
   }
   // The block id holding it (-1: not held).
-  __device__ __forceinline__ std::int32_t block(int i, std::int64_t index) const {
+  __device__ __forceinline__ std::int32_t block(int i, std::int32_t index) const {
     if (index < 0) return -1;
-    const DeviceCacheGroup& g = group(i);
     const bool w = in_window(i);
-    const std::int64_t base = w ? win.base : comp.base;
+    const std::int64_t k = epb(i).block_of(index) - (w ? win.base : comp.base);
     const std::int32_t begin = w ? win.begin : comp.begin, end = w ? win.end : comp.end;
-    const std::int64_t k = index / g.entries_per_block - base;
     if (k < 0 || begin + k >= end) return -1;
-    return g.block_ids[begin + k];
+    return group(i).block_ids[begin + k];
   }
   // Its page (-1: not held).
   __device__ __forceinline__ std::int64_t page(int i, std::int32_t block) const {
@@ -111,17 +124,19 @@ __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   return static_cast<std::uint32_t>(bf16_bits(lo)) | (static_cast<std::uint32_t>(bf16_bits(hi)) << 16);
 }
 
+// The inverse RoPE of rope pair i (dims 448 + 2 i, + 1) of bf16 values, rounded to bf16.
+__device__ __forceinline__ void rope_back_pair(float& x0, float& x1, int i, const float* cs) {
+  const float c = cs[i], s = cs[kRopeHalf + i];
+  const float y0 = add_rn(mul_rn(x0, c), mul_rn(x1, s));
+  const float y1 = sub_rn(mul_rn(x1, c), mul_rn(x0, s));
+  x0 = round_bf16(y0);
+  x1 = round_bf16(y1);
+}
+
 // Output value of dims (d, d + 1) of a head: bf16, then the inverse RoPE on rope dims, bf16.
 __device__ __forceinline__ void finish_pair(float v0, float v1, int d, const float* cs, std::uint16_t* out) {
   float x0 = round_bf16(v0), x1 = round_bf16(v1);
-  if (d >= kNope) {
-    const int i = (d - kNope) / 2;
-    const float c = cs[i], s = cs[kRopeHalf + i];
-    const float y0 = add_rn(mul_rn(x0, c), mul_rn(x1, s));
-    const float y1 = sub_rn(mul_rn(x1, c), mul_rn(x0, s));
-    x0 = round_bf16(y0);
-    x1 = round_bf16(y1);
-  }
+  if (d >= kNope) rope_back_pair(x0, x1, (d - kNope) / 2, cs);
   out[d] = bf16_bits(x0);
   out[d + 1] = bf16_bits(x1);
 }
@@ -171,23 +186,29 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   look.keys = key_set(a, st, t);
   look.win = row_table(st.groups[a.window_group], row);
   if (a.ratio != 0) look.comp = row_table(st.groups[a.compressed_group], row);
+  look.win_epb.set(st.groups[a.window_group].entries_per_block);
+  look.comp_epb.set(st.groups[a.compressed_group].entries_per_block);
   const int chunks = (look.keys.n_keys + kKeys - 1) / kKeys;
   const int per_split = (chunks + a.splits - 1) / a.splits;
   const int c_begin = min(chunks, split * per_split), c_end = min(chunks, c_begin + per_split);
 
-  // Queries: a warp writes four whole core matrices (8 heads x 4 x 8 dims) per pass.
+  // Queries, copied asynchronously (waited for with the first chunk): a warp fills four whole core
+  // matrices (8 heads x 4 x 8 dims) per pass. Copies of absent heads read nothing (zero fill);
+  // they, like those of absent keys, still name a global address.
+  const std::uint8_t* nowhere = reinterpret_cast<const std::uint8_t*>(a.q);
   for (int idx = tid; idx < kHeads * (kDim / 8); idx += kThreads) {
     const int h = (idx / 512) * 8 + idx % 8, part = (idx / 8) % 64;
     const int head = hg * kHeads + h;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (head < a.heads) v = *reinterpret_cast<const uint4*>(a.q + (static_cast<std::int64_t>(t) * a.heads + head) * kDim + part * 8);
-    *reinterpret_cast<uint4*>(qs + tile_offset(h, part * 8)) = v;
+    const bool ok = head < a.heads;
+    cp_async_16_zfill(qs + tile_offset(h, part * 8),
+                      ok ? reinterpret_cast<const std::uint8_t*>(a.q + (static_cast<std::int64_t>(t) * a.heads + head) * kDim + part * 8) : nowhere, ok);
   }
+  cp_async_commit();
 
   // Thread tid copies part tid % 4 of key tid / 4 of a chunk; it resolves that key's address.
   const int my_key = tid >> 2, my_part = tid & 3;
-  std::int64_t idx_next = -1, blk_index = -1, pg_index = -1, pg = -1;
-  std::int32_t blk = -1;
+  std::int32_t idx_next = -1, blk_index = -1, pg_index = -1, blk = -1;
+  std::int64_t pg = -1;
   const std::uint8_t* held_data = nullptr;  // bf16 caches: the entry of the next chunk
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -203,10 +224,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   // A descriptor's start address counts 16-byte units in its low bits.
   auto advanced = [](std::uint64_t desc, int bytes) { return desc + static_cast<std::uint64_t>(bytes >> 4); };
 
-  fence_proxy_async_shared();  // the query tile, written by threads, is read by the products
-  __syncthreads();             // groups_s, the query tile
-  // Copies of keys that are not there read nothing (zero fill); they still name a global address.
-  const std::uint8_t* nowhere = reinterpret_cast<const std::uint8_t*>(a.q);
+  __syncthreads();  // groups_s
   for (int c = c_begin - kAhead; c < c_end; ++c) {
     const std::uint8_t* chunk_data = held_data;  // bf16 caches: this chunk's entry
     // Address pipeline: chunk c + 1 copied, c + 2 paged, c + 3 blocked, c + 4 indexed.
@@ -215,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       if (c + 1 >= c_begin && c + 1 < c_end) {
         const DeviceCacheGroup& grp = look.group(i1);
         const bool ok = pg >= 0;
-        const std::int64_t e = ok ? pg_index % grp.entries_per_block : 0;
+        const std::int64_t e = ok ? look.epb(i1).entry_of(pg_index) : 0;
         const std::uint8_t* base = grp.pool + (ok ? pg : 0) * grp.page_bytes;
         const std::uint8_t* data = ok ? base + e * grp.data_bytes : nowhere;
         if (a.kv_fp8) {
@@ -355,31 +373,65 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     wgmma_fence_operands(o);
   }
 
-  const float* cs = (a.compressed_rope ? st.rope_compressed : st.rope_window) + static_cast<std::int64_t>(t) * 2 * kRopeHalf;
-  DSV4_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    const int head = hg * kHeads + wq * 16 + g + 8 * r;
-    if (head < a.heads && a.splits == 1) {
-      const float den = l[r] + exp_float(a.sink[head] - m[r]);
-      std::uint16_t* out = a.out + (static_cast<std::int64_t>(t) * a.heads + head) * kDim;
+  // Epilogue through shared memory (the key and raw tiles, no longer read once every warp is here),
+  // so global stores are whole 16-byte pieces of a head's row: the bf16 output (rows of 520
+  // values: a warp's 8 rows fall on different banks), or with splits the fp32 partial sums (rows
+  // of 520 floats) and the row max / sum.
+  cp_async_wait_all();
+  __syncthreads();
+  const int valid_heads = min(kHeads, a.heads - hg * kHeads);
+  if (a.splits == 1) {
+    constexpr int kOutRow = kDim + 8;
+    std::uint16_t* stage = reinterpret_cast<std::uint16_t*>(ks);
+    DSV4_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const int h = wq * 16 + g + 8 * r;
+      if (h >= valid_heads) continue;
+      const float den = l[r] + exp_float(a.sink[hg * kHeads + h] - m[r]);
       DSV4_UNROLL
-      for (int j = 0; j < 32; ++j) {
-        const int d = 256 * wg + 8 * j + tig * 2;
-        finish_pair(o[4 * j + 2 * r] / den, o[4 * j + 2 * r + 1] / den, d, cs, out);
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<std::uint32_t*>(stage + h * kOutRow + 256 * wg + 8 * j + 2 * tig) =
+            pack_bf16(o[4 * j + 2 * r] / den, o[4 * j + 2 * r + 1] / den);
+    }
+    __syncthreads();
+    const float* cs = (a.compressed_rope ? st.rope_compressed : st.rope_window) + static_cast<std::int64_t>(t) * 2 * kRopeHalf;
+    for (int idx = tid; idx < valid_heads * (kDim / 8); idx += kThreads) {
+      const int h = idx / (kDim / 8), part = idx % (kDim / 8);
+      uint4 v = *reinterpret_cast<const uint4*>(stage + h * kOutRow + part * 8);
+      if (part * 8 >= kNope) {
+        std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        DSV4_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          float x0 = __uint_as_float(w[k] << 16), x1 = __uint_as_float(w[k] & 0xffff0000u);
+          rope_back_pair(x0, x1, (part * 8 - kNope) / 2 + k, cs);
+          w[k] = static_cast<std::uint32_t>(bf16_bits(x0)) | (static_cast<std::uint32_t>(bf16_bits(x1)) << 16);
+        }
+        v = make_uint4(w[0], w[1], w[2], w[3]);
       }
-    } else if (head < a.heads) {
-      const std::int64_t base = (static_cast<std::int64_t>(split) * a.capacity + t) * a.heads + head;
-      float* acc = a.part_acc + base * kDim;
+      *reinterpret_cast<uint4*>(a.out + (static_cast<std::int64_t>(t) * a.heads + hg * kHeads + h) * kDim + part * 8) = v;
+    }
+  } else {
+    constexpr int kAccRow = kDim + 8;
+    float* stage = reinterpret_cast<float*>(ks);
+    static_assert(kHeads * kAccRow * 4 <= kKBytes + kRawBytes, "the fp32 stage must fit the key and raw tiles");
+    DSV4_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const int h = wq * 16 + g + 8 * r;
+      if (h >= valid_heads) continue;
       DSV4_UNROLL
-      for (int j = 0; j < 32; ++j) {
-        const int d = 256 * wg + 8 * j + tig * 2;
-        acc[d] = o[4 * j + 2 * r];
-        acc[d + 1] = o[4 * j + 2 * r + 1];
-      }
+      for (int j = 0; j < 32; ++j)
+        *reinterpret_cast<float2*>(stage + h * kAccRow + 256 * wg + 8 * j + 2 * tig) = make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
       if (wg == 0 && tig == 0) {
+        const std::int64_t base = (static_cast<std::int64_t>(split) * a.capacity + t) * a.heads + hg * kHeads + h;
         a.part_ml[base * 2] = m[r];
         a.part_ml[base * 2 + 1] = l[r];
       }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < valid_heads * (kDim / 4); idx += kThreads) {
+      const int h = idx / (kDim / 4), part = idx % (kDim / 4);
+      const std::int64_t base = (static_cast<std::int64_t>(split) * a.capacity + t) * a.heads + hg * kHeads + h;
+      *reinterpret_cast<float4*>(a.part_acc + base * kDim + part * 4) = *reinterpret_cast<const float4*>(stage + h * kAccRow + part * 4);
     }
   }
 }

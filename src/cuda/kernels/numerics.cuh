@@ -64,10 +64,12 @@ __device__ __forceinline__ std::uint8_t ue8m0_byte(float scale) {
   const std::uint32_t u = __float_as_uint(scale);
   return u == 0x00400000u ? std::uint8_t{0} : static_cast<std::uint8_t>((u >> 23) & 0xffu);
 }
+// Byte 0xff is NaN. Selects, not branches (a scale byte per 16 or 32 values in hot loops).
 __device__ __forceinline__ float ue8m0_value(std::uint8_t e) {
-  if (e == 0xff) return __uint_as_float(0x7fc00000u);
-  if (e == 0) return __uint_as_float(0x00400000u);
-  return __uint_as_float(static_cast<std::uint32_t>(e) << 23);
+  std::uint32_t bits = static_cast<std::uint32_t>(e) << 23;
+  bits = e == 0 ? 0x00400000u : bits;
+  bits = e == 0xff ? 0x7fc00000u : bits;
+  return __uint_as_float(bits);
 }
 
 // ---- e4m3 / e2m1 (minifloat.h round_to_minifloat) -------------------------------------------
