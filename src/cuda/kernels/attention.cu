@@ -42,6 +42,7 @@ constexpr int kQBytes = kHeads * kDim * 2, kKBytes = kKeys * kDim * 2, kRawBytes
 constexpr int kPBytes = kHeads * kKeys * 2;
 constexpr int kSmemBytes = kQBytes + kKBytes + kRawBytes + kPBytes + (2 + kKeys / 8) * kHeads * 4 + 2 * kKeys;
 static_assert(kSmemBytes <= 227 * 1024, "the CTA must fit the SM's shared memory");
+static_assert(kThreads == 4 * kKeys && kNope == 448 && kDim - kNope == 64, "the dequantization's split of units over threads");
 
 struct KeySet {
   int n_window = 0, first = 0, n_keys = 0;
@@ -120,9 +121,6 @@ struct KeyLookup {
   }
 };
 
-__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
-  return static_cast<std::uint32_t>(bf16_bits(lo)) | (static_cast<std::uint32_t>(bf16_bits(hi)) << 16);
-}
 
 // The inverse RoPE of rope pair i (dims 448 + 2 i, + 1) of bf16 values, rounded to bf16.
 __device__ __forceinline__ void rope_back_pair(float& x0, float& x1, int i, const float* cs) {
@@ -264,27 +262,31 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     cp_async_wait<1>();  // this chunk's raw entries (the next chunk's may be in flight)
     __syncthreads();     // ... visible to all; the previous chunk's products are done
     if (a.kv_fp8) {
-      // Unit u (16 bytes) of key `key`: the 8 threads of a quarter warp take 8 keys of one unit, so
-      // each writes one row of the same core matrices.
-      const std::uint8_t* src = raw + (c & 1) * (kKeys * kRawKey);
-      for (int idx = tid; idx < kKeys * 36; idx += kThreads) {
-        const int key = idx % kKeys, u = idx / kKeys;
-        const std::uint8_t* entry = src + key * kRawKey;
+      // Thread tid dequantizes key tid % 64, units (16 bytes) u = tid / 64 + 4 i: units 0..27 are
+      // fp8 (unit u has scale byte u / 4 = i), 28..35 the bf16 rope dims. The 8 threads of a quarter
+      // warp take 8 keys of one unit, so each writes one row of the same core matrices.
+      const int key = tid % kKeys, u0 = tid / kKeys;
+      const std::uint8_t* entry = raw + (c & 1) * (kKeys * kRawKey) + key * kRawKey;
+      const std::uint8_t* scales = entry + 576 + scale_at[(c & 1) * kKeys + key];
+      DSV4_UNROLL
+      for (int i = 0; i < kNope / 64; ++i) {
+        const int u = u0 + 4 * i;
         const uint4 v = *reinterpret_cast<const uint4*>(entry + u * 16);
-        if (u < kNope / 16) {
-          const float scale = ue8m0_value(entry[576 + scale_at[(c & 1) * kKeys + key] + u / 4]);
-          const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-          std::uint32_t b[8];
-          DSV4_UNROLL
-          for (int j = 0; j < 4; ++j) {
-            b[2 * j] = e4m3x2_to_bf16x2(w[j] & 0xffffu, scale);
-            b[2 * j + 1] = e4m3x2_to_bf16x2(w[j] >> 16, scale);
-          }
-          *reinterpret_cast<uint4*>(ks + tile_offset(key, 16 * u)) = make_uint4(b[0], b[1], b[2], b[3]);
-          *reinterpret_cast<uint4*>(ks + tile_offset(key, 16 * u + 8)) = make_uint4(b[4], b[5], b[6], b[7]);
-        } else {
-          *reinterpret_cast<uint4*>(ks + tile_offset(key, kNope + 8 * (u - kNope / 16))) = v;  // rope dims: bf16 as stored
+        const float scale = ue8m0_value(scales[i]);
+        const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+        std::uint32_t b[8];
+        DSV4_UNROLL
+        for (int j = 0; j < 4; ++j) {
+          b[2 * j] = e4m3x2_to_bf16x2(w[j] & 0xffffu, scale);
+          b[2 * j + 1] = e4m3x2_to_bf16x2(w[j] >> 16, scale);
         }
+        *reinterpret_cast<uint4*>(ks + tile_offset(key, 16 * u)) = make_uint4(b[0], b[1], b[2], b[3]);
+        *reinterpret_cast<uint4*>(ks + tile_offset(key, 16 * u + 8)) = make_uint4(b[4], b[5], b[6], b[7]);
+      }
+      DSV4_UNROLL
+      for (int i = 0; i < 2; ++i) {  // rope dims: bf16 as stored
+        const int u = kNope / 16 + u0 + 4 * i;
+        *reinterpret_cast<uint4*>(ks + tile_offset(key, kNope + 8 * (u - kNope / 16))) = *reinterpret_cast<const uint4*>(entry + u * 16);
       }
     } else {
       for (int u = my_part * 16; u < my_part * 16 + 16; ++u)
@@ -337,8 +339,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       DSV4_UNROLL
       for (int e = 0; e < 4; ++e) p[e] = s[4 * j + e] == -INFINITY ? 0.0f : exp2f((s[4 * j + e] - m[e >> 1]) * kLog2e);
       const int key = 32 * wg + 8 * j + tig * 2;
-      *reinterpret_cast<std::uint32_t*>(ps + tile_offset<kPRowGroup>(wq * 16 + g, key)) = pack_bf16(p[0], p[1]);
-      *reinterpret_cast<std::uint32_t*>(ps + tile_offset<kPRowGroup>(wq * 16 + g + 8, key)) = pack_bf16(p[2], p[3]);
+      *reinterpret_cast<std::uint32_t*>(ps + tile_offset<kPRowGroup>(wq * 16 + g, key)) = pack_bf16x2(p[0], p[1]);
+      *reinterpret_cast<std::uint32_t*>(ps + tile_offset<kPRowGroup>(wq * 16 + g + 8, key)) = pack_bf16x2(p[2], p[3]);
       DSV4_UNROLL
       for (int r = 0; r < 2; ++r) {
         float sum = p[2 * r] + p[2 * r + 1];
@@ -387,11 +389,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     for (int r = 0; r < 2; ++r) {
       const int h = wq * 16 + g + 8 * r;
       if (h >= valid_heads) continue;
-      const float den = l[r] + exp_float(a.sink[hg * kHeads + h] - m[r]);
+      // Times the reciprocal of the denominator (the CPU twin divides: within 1.5 ulp of fp32 before
+      // the bf16 rounding, which that rarely moves).
+      const float inv = 1.0f / (l[r] + exp_float(a.sink[hg * kHeads + h] - m[r]));
       DSV4_UNROLL
       for (int j = 0; j < 32; ++j)
         *reinterpret_cast<std::uint32_t*>(stage + h * kOutRow + 256 * wg + 8 * j + 2 * tig) =
-            pack_bf16(o[4 * j + 2 * r] / den, o[4 * j + 2 * r + 1] / den);
+            pack_bf16x2(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
     }
     __syncthreads();
     const float* cs = (a.compressed_rope ? st.rope_compressed : st.rope_window) + static_cast<std::int64_t>(t) * 2 * kRopeHalf;
@@ -466,13 +470,24 @@ __global__ void combine_kernel(AttentionArgs a) {
 
 }  // namespace
 
+// The split count with the fewest chunk times on the busiest SM: waves of CTAs (one CTA an SM)
+// times the chunks of a split, plus one chunk's time for the combine step; the fewest splits
+// among equals.
 int attention_splits(std::int64_t tokens, std::int64_t heads, std::int64_t max_keys, int sm_count) {
-  const std::int64_t ctas = tokens * ((heads + 63) / 64);
-  if (tokens <= 0 || ctas >= sm_count) return 1;
-  const std::int64_t chunks = (max_keys + kKeys - 1) / kKeys;
-  std::int64_t splits = std::min<std::int64_t>((2 * sm_count + ctas - 1) / ctas, chunks);
-  splits = std::min<std::int64_t>(splits, std::max<std::int64_t>(1, kMaxSplitTokens / tokens));
-  return static_cast<int>(std::max<std::int64_t>(1, std::min<std::int64_t>(splits, 32)));
+  if (tokens <= 0 || sm_count <= 0) return 1;
+  const std::int64_t ctas = tokens * ((heads + kHeads - 1) / kHeads);
+  const std::int64_t chunks = std::max<std::int64_t>(1, (max_keys + kKeys - 1) / kKeys);
+  const std::int64_t most = std::min<std::int64_t>({chunks, 32, std::max<std::int64_t>(1, kMaxSplitTokens / tokens)});
+  std::int64_t best = 1, best_cost = -1;
+  for (std::int64_t s = 1; s <= most; ++s) {
+    const std::int64_t waves = (ctas * s + sm_count - 1) / sm_count;
+    const std::int64_t cost = waves * ((chunks + s - 1) / s) + (s > 1 ? 1 : 0);
+    if (best_cost < 0 || cost < best_cost) {
+      best = s;
+      best_cost = cost;
+    }
+  }
+  return static_cast<int>(best);
 }
 
 void sparse_attention(const AttentionArgs& args, gpu_stream_t stream) {

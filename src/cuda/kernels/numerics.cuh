@@ -169,6 +169,18 @@ __device__ __forceinline__ std::uint32_t e4m3x2_to_bf16x2(std::uint32_t codes, f
 #endif
 }
 
+// Two floats rounded to bf16 (round to nearest even, as bf16_bits; a NaN stays a NaN but may lose
+// its payload), packed with `lo` in the low half: the hardware's conversion on the device.
+__device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__)
+  std::uint32_t out;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(out) : "f"(hi), "f"(lo));
+  return out;
+#else
+  return static_cast<std::uint32_t>(bf16_bits(lo)) | (static_cast<std::uint32_t>(bf16_bits(hi)) << 16);
+#endif
+}
+
 // Quantized value of x under `inv_scale` (= 1 / scale, exact for powers of two): the code of
 // the clamped product, as block_quant.cc encode_scaled.
 __device__ __forceinline__ std::uint8_t fp8_encode_scaled(float x, float inv_scale) { return e4m3_code(mul_rn(x, inv_scale)); }
