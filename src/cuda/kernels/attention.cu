@@ -40,7 +40,7 @@ __device__ __forceinline__ int tile_offset(int row, int col) {
 // probabilities, the two warpgroups' row maxima, the per-8-keys row sums, the scale offsets.
 constexpr int kQBytes = kHeads * kDim * 2, kKBytes = kKeys * kDim * 2, kRawBytes = 2 * kKeys * kRawKey;
 constexpr int kPBytes = kHeads * kKeys * 2;
-constexpr int kSmemBytes = kQBytes + kKBytes + kRawBytes + kPBytes + (2 + kKeys / 8) * kHeads * 4 + 2 * kKeys;
+constexpr int kSmemBytes = kQBytes + kKBytes + kRawBytes + kPBytes + (2 + kKeys / 8) * kHeads * 4 + 2 * kRopeHalf * 4 + 2 * kKeys;
 static_assert(kSmemBytes <= 227 * 1024, "the CTA must fit the SM's shared memory");
 static_assert(kThreads == 4 * kKeys && kNope == 448 && kDim - kNope == 64, "the dequantization's split of units over threads");
 
@@ -96,7 +96,7 @@ struct KeyLookup {
   EntriesPerBlock win_epb, comp_epb;
   __device__ __forceinline__ bool in_window(int i) const { return i < keys.n_window; }
   __device__ __forceinline__ const DeviceCacheGroup& group(int i) const { return in_window(i) ? *win_group : *comp_group; }
-  __device__ __forceinline__ const EntriesPerBlock& epb(int i) const { return in_window(i) ? win_epb : comp_epb; }
+  __device__ __forceinline__ EntriesPerBlock epb(int i) const { return in_window(i) ? win_epb : comp_epb; }
   // The index of key i (-1: past the token's keys). Reads top_idx on CSA layers.
   __device__ __forceinline__ std::int32_t index(int i) const {
     if (i >= keys.n_keys) return -1;
@@ -114,7 +114,7 @@ struct KeyLookup {
     return group(i).block_ids[begin + k];
   }
   // Its page (-1: not held).
-  __device__ __forceinline__ std::int64_t page(int i, std::int32_t block) const {
+  __device__ __forceinline__ std::int32_t page(int i, std::int32_t block) const {
     if (block < 0) return -1;
     const DeviceCacheGroup& g = group(i);
     return g.page_table[static_cast<std::int64_t>(block) * g.layers + (in_window(i) ? win_slot : comp_slot)];
@@ -158,7 +158,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   std::uint8_t* ps = raw + kRawBytes;               // [64 heads][64 keys] tile
   float* red_max = reinterpret_cast<float*>(ps + kPBytes);  // [2][kHeads]
   float* red_sum = red_max + 2 * kHeads;                     // [kKeys / 8][kHeads]
-  std::uint8_t* scale_at = reinterpret_cast<std::uint8_t*>(red_sum + (kKeys / 8) * kHeads);  // [2][kKeys]
+  float* rope_s = red_sum + (kKeys / 8) * kHeads;                         // [2 * kRopeHalf] cos, sin
+  std::uint8_t* scale_at = reinterpret_cast<std::uint8_t*>(rope_s + 2 * kRopeHalf);  // [2][kKeys]
 
   __shared__ DeviceCacheGroup groups_s[2];  // the window's and the compressed entries'
 
@@ -201,12 +202,17 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     cp_async_16_zfill(qs + tile_offset(h, part * 8),
                       ok ? reinterpret_cast<const std::uint8_t*>(a.q + (static_cast<std::int64_t>(t) * a.heads + head) * kDim + part * 8) : nowhere, ok);
   }
+  // The token's RoPE cos / sin for the epilogue's inverse rotation.
+  if (tid < 2 * kRopeHalf / 4) {
+    const float* cs = (a.compressed_rope ? st.rope_compressed : st.rope_window) + static_cast<std::int64_t>(t) * 2 * kRopeHalf;
+    cp_async_16(rope_s + 4 * tid, cs + 4 * tid);
+  }
   cp_async_commit();
 
   // Thread tid copies part tid % 4 of key tid / 4 of a chunk; it resolves that key's address.
   const int my_key = tid >> 2, my_part = tid & 3;
-  std::int32_t idx_next = -1, blk_index = -1, pg_index = -1, blk = -1;
-  std::int64_t pg = -1;
+  // (32-bit page ids: a page read is used one chunk later, so nothing may consume it at once.)
+  std::int32_t idx_next = -1, blk_index = -1, pg_index = -1, blk = -1, pg = -1;
   const std::uint8_t* held_data = nullptr;  // bf16 caches: the entry of the next chunk
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -223,43 +229,41 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   auto advanced = [](std::uint64_t desc, int bytes) { return desc + static_cast<std::uint64_t>(bytes >> 4); };
 
   __syncthreads();  // groups_s
-  for (int c = c_begin - kAhead; c < c_end; ++c) {
-    const std::uint8_t* chunk_data = held_data;  // bf16 caches: this chunk's entry
-    // Address pipeline: chunk c + 1 copied, c + 2 paged, c + 3 blocked, c + 4 indexed.
-    {
-      const int i1 = (c + 1) * kKeys + my_key, i2 = i1 + kKeys, i3 = i2 + kKeys, i4 = i3 + kKeys;
-      if (c + 1 >= c_begin && c + 1 < c_end) {
-        const DeviceCacheGroup& grp = look.group(i1);
-        const bool ok = pg >= 0;
-        const std::int64_t e = ok ? look.epb(i1).entry_of(pg_index) : 0;
-        const std::uint8_t* base = grp.pool + (ok ? pg : 0) * grp.page_bytes;
-        const std::uint8_t* data = ok ? base + e * grp.data_bytes : nowhere;
-        if (a.kv_fp8) {
-          std::uint8_t* dst = raw + ((c + 1) & 1) * (kKeys * kRawKey) + my_key * kRawKey;
-          for (int u = my_part; u < 36; u += 4) cp_async_16_zfill(dst + u * 16, ok ? data + u * 16 : nowhere, ok);
-          if (my_part == 0) {
-            const std::int64_t scale_off = static_cast<std::int64_t>(grp.entries_per_block) * grp.data_bytes + e * grp.scale_bytes;
-            cp_async_16_zfill(dst + 576, ok ? base + (scale_off & ~std::int64_t{15}) : nowhere, ok);
-            scale_at[((c + 1) & 1) * kKeys + my_key] = static_cast<std::uint8_t>(scale_off & 15);
-          }
-        } else {
-          held_data = ok ? data : nullptr;
+  // Address pipeline step of chunk c: chunk c + 1 copied, c + 2 paged, c + 3 blocked, c + 4 indexed.
+  auto address_step = [&](int c) {
+    const int i1 = (c + 1) * kKeys + my_key, i2 = i1 + kKeys, i3 = i2 + kKeys, i4 = i3 + kKeys;
+    if (c + 1 >= c_begin && c + 1 < c_end) {
+      const DeviceCacheGroup& grp = look.group(i1);
+      const bool ok = pg >= 0;
+      const std::int64_t e = ok ? look.epb(i1).entry_of(pg_index) : 0;
+      const std::uint8_t* base = grp.pool + static_cast<std::int64_t>(ok ? pg : 0) * grp.page_bytes;
+      const std::uint8_t* data = ok ? base + e * grp.data_bytes : nowhere;
+      if (a.kv_fp8) {
+        std::uint8_t* dst = raw + ((c + 1) & 1) * (kKeys * kRawKey) + my_key * kRawKey;
+        for (int u = my_part; u < 36; u += 4) cp_async_16_zfill(dst + u * 16, ok ? data + u * 16 : nowhere, ok);
+        if (my_part == 0) {
+          const std::int64_t scale_off = static_cast<std::int64_t>(grp.entries_per_block) * grp.data_bytes + e * grp.scale_bytes;
+          cp_async_16_zfill(dst + 576, ok ? base + (scale_off & ~std::int64_t{15}) : nowhere, ok);
+          scale_at[((c + 1) & 1) * kKeys + my_key] = static_cast<std::uint8_t>(scale_off & 15);
         }
+      } else {
+        held_data = ok ? data : nullptr;
       }
-      cp_async_commit();
-      if (c + 2 >= c_begin && c + 2 < c_end) {
-        pg = look.page(i2, blk);
-        pg_index = blk_index;
-      }
-      if (c + 3 >= c_begin && c + 3 < c_end) {
-        blk = look.block(i3, idx_next);
-        blk_index = idx_next;
-      }
-      if (c + 4 >= c_begin && c + 4 < c_end) idx_next = look.index(i4);
     }
-    if (c < c_begin) continue;
-
-    cp_async_wait<1>();  // this chunk's raw entries (the next chunk's may be in flight)
+    cp_async_commit();
+    if (c + 2 >= c_begin && c + 2 < c_end) {
+      pg = look.page(i2, blk);
+      pg_index = blk_index;
+    }
+    if (c + 3 >= c_begin && c + 3 < c_end) {
+      blk = look.block(i3, idx_next);
+      blk_index = idx_next;
+    }
+    if (c + 4 >= c_begin && c + 4 < c_end) idx_next = look.index(i4);
+  };
+  for (int c = c_begin - kAhead; c < c_begin; ++c) address_step(c);
+  for (int c = c_begin; c < c_end; ++c) {
+    cp_async_wait<0>();  // this chunk's raw entries (with the first chunk: the queries, the RoPE table)
     __syncthreads();     // ... visible to all; the previous chunk's products are done
     if (a.kv_fp8) {
       // Thread tid dequantizes key tid % 64, units (16 bytes) u = tid / 64 + 4 i: units 0..27 are
@@ -290,7 +294,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       }
     } else {
       for (int u = my_part * 16; u < my_part * 16 + 16; ++u)
-        cp_async_16_zfill(ks + tile_offset(my_key, 8 * u), chunk_data != nullptr ? chunk_data + u * 16 : nowhere, chunk_data != nullptr);
+        cp_async_16_zfill(ks + tile_offset(my_key, 8 * u), held_data != nullptr ? held_data + u * 16 : nowhere, held_data != nullptr);
       cp_async_wait_all();
     }
     fence_proxy_async_shared();  // the key tile, written by threads, is read by the products
@@ -305,6 +309,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     for (int kk = 0; kk < kDim / 16; ++kk)
       wgmma_m64n32k16_bf16(s, advanced(q_desc, kk * 2 * kCore), advanced(k_desc, kk * 2 * kCore), kk > 0);
     wgmma_commit();
+    // While the tensor cores work: the next chunk's copies and the address reads ahead of them.
+    address_step(c);
     wgmma_wait<0>();
     wgmma_fence_operands(s);
 
@@ -358,12 +364,15 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       for (int k = 0; k < kKeys / 8; ++k) chunk_sum += red_sum[k * kHeads + wq * 16 + g + 8 * r];
       l[r] = l[r] * corr[r] + chunk_sum;
     }
-    DSV4_UNROLL
-    for (int j = 0; j < 32; ++j) {
-      o[4 * j] *= corr[0];
-      o[4 * j + 1] *= corr[0];
-      o[4 * j + 2] *= corr[1];
-      o[4 * j + 3] *= corr[1];
+    // (Skipped while no row max of the warp moved: a factor of 1 changes nothing.)
+    if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+      DSV4_UNROLL
+      for (int j = 0; j < 32; ++j) {
+        o[4 * j] *= corr[0];
+        o[4 * j + 1] *= corr[0];
+        o[4 * j + 2] *= corr[1];
+        o[4 * j + 3] *= corr[1];
+      }
     }
     // O += P V over this warpgroup's 256 output dims (V = the chunk's key tile).
     wgmma_fence();
@@ -398,7 +407,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
             pack_bf16x2(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
     }
     __syncthreads();
-    const float* cs = (a.compressed_rope ? st.rope_compressed : st.rope_window) + static_cast<std::int64_t>(t) * 2 * kRopeHalf;
+    const float* cs = rope_s;
     for (int idx = tid; idx < valid_heads * (kDim / 8); idx += kThreads) {
       const int h = idx / (kDim / 8), part = idx % (kDim / 8);
       uint4 v = *reinterpret_cast<const uint4*>(stage + h * kOutRow + part * 8);
