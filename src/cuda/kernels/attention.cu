@@ -37,10 +37,10 @@ __device__ __forceinline__ int tile_offset(int row, int col) {
 }
 
 // Shared memory: queries, the chunk's bf16 keys, two staged chunks of raw fp8 entries, the chunk's
-// probabilities, the two warpgroups' row maxima, the per-8-keys row sums, the scale offsets.
+// probabilities, the two warpgroups' row maxima and (at the end) row sums, the RoPE table, the scale offsets.
 constexpr int kQBytes = kHeads * kDim * 2, kKBytes = kKeys * kDim * 2, kRawBytes = 2 * kKeys * kRawKey;
 constexpr int kPBytes = kHeads * kKeys * 2;
-constexpr int kSmemBytes = kQBytes + kKBytes + kRawBytes + kPBytes + (2 + kKeys / 8) * kHeads * 4 + 2 * kRopeHalf * 4 + 2 * kKeys;
+constexpr int kSmemBytes = kQBytes + kKBytes + kRawBytes + kPBytes + 4 * kHeads * 4 + 2 * kRopeHalf * 4 + 2 * kKeys;
 static_assert(kSmemBytes <= 227 * 1024, "the CTA must fit the SM's shared memory");
 static_assert(kThreads == 4 * kKeys && kNope == 448 && kDim - kNope == 64, "the dequantization's split of units over threads");
 
@@ -157,8 +157,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   std::uint8_t* raw = ks + kKBytes;                 // [2][kKeys][kRawKey]
   std::uint8_t* ps = raw + kRawBytes;               // [64 heads][64 keys] tile
   float* red_max = reinterpret_cast<float*>(ps + kPBytes);  // [2][kHeads]
-  float* red_sum = red_max + 2 * kHeads;                     // [kKeys / 8][kHeads]
-  float* rope_s = red_sum + (kKeys / 8) * kHeads;                         // [2 * kRopeHalf] cos, sin
+  float* red_sum = red_max + 2 * kHeads;                     // [2][kHeads]
+  float* rope_s = red_sum + 2 * kHeads;                         // [2 * kRopeHalf] cos, sin
   std::uint8_t* scale_at = reinterpret_cast<std::uint8_t*>(rope_s + 2 * kRopeHalf);  // [2][kKeys]
 
   __shared__ DeviceCacheGroup groups_s[2];  // the window's and the compressed entries'
@@ -309,8 +309,6 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     for (int kk = 0; kk < kDim / 16; ++kk)
       wgmma_m64n32k16_bf16(s, advanced(q_desc, kk * 2 * kCore), advanced(k_desc, kk * 2 * kCore), kk > 0);
     wgmma_commit();
-    // While the tensor cores work: the next chunk's copies and the address reads ahead of them.
-    address_step(c);
     wgmma_wait<0>();
     wgmma_fence_operands(s);
 
@@ -337,8 +335,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       corr[r] = m[r] == -INFINITY ? 0.0f : exp2f((m[r] - m_new) * kLog2e);
       m[r] = m_new;
     }
-    // The chunk's row sum is taken per 8 keys (a pair per lane, then across the quad) and over the
-    // eight groups of 8 in key order, whatever the split of the work.
+    // P into the probability tile; each thread sums its own probabilities (its row sums are
+    // completed across the quad and the two warpgroups after the last chunk).
+    float psum[2] = {0.0f, 0.0f};
     DSV4_UNROLL
     for (int j = 0; j < 4; ++j) {
       float p[4];
@@ -347,23 +346,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       const int key = 32 * wg + 8 * j + tig * 2;
       *reinterpret_cast<std::uint32_t*>(ps + tile_offset<kPRowGroup>(wq * 16 + g, key)) = pack_bf16x2(p[0], p[1]);
       *reinterpret_cast<std::uint32_t*>(ps + tile_offset<kPRowGroup>(wq * 16 + g + 8, key)) = pack_bf16x2(p[2], p[3]);
-      DSV4_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        float sum = p[2 * r] + p[2 * r + 1];
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (tig == 0) red_sum[(key / 8) * kHeads + wq * 16 + g + 8 * r] = sum;
-      }
+      psum[0] += p[0] + p[1];
+      psum[1] += p[2] + p[3];
     }
     fence_proxy_async_shared();  // the probability tile is read by the products
     __syncthreads();
-    DSV4_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      float chunk_sum = 0.0f;
-      DSV4_UNROLL
-      for (int k = 0; k < kKeys / 8; ++k) chunk_sum += red_sum[k * kHeads + wq * 16 + g + 8 * r];
-      l[r] = l[r] * corr[r] + chunk_sum;
-    }
+    l[0] = l[0] * corr[0] + psum[0];
+    l[1] = l[1] * corr[1] + psum[1];
     // (Skipped while no row max of the warp moved: a factor of 1 changes nothing.)
     if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
       DSV4_UNROLL
@@ -380,8 +369,17 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     for (int kk = 0; kk < kKeys / 16; ++kk)
       wgmma_m64n256k16_bf16_bt(o, advanced(p_desc, kk * 2 * kCore), advanced(v_desc, kk * 2 * kRowGroup), true);
     wgmma_commit();
+    // While the tensor cores work: the next chunk's copies and the address reads ahead of them.
+    address_step(c);
     wgmma_wait<0>();
     wgmma_fence_operands(o);
+  }
+  // The row sums: across the quad, then the two warpgroups' halves through shared memory.
+  DSV4_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    if (tig == 0) red_sum[wg * kHeads + wq * 16 + g + 8 * r] = l[r];
   }
 
   // Epilogue through shared memory (the key and raw tiles, no longer read once every warp is here),
@@ -390,6 +388,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   // of 520 floats) and the row max / sum.
   cp_async_wait_all();
   __syncthreads();
+  DSV4_UNROLL
+  for (int r = 0; r < 2; ++r) l[r] = red_sum[wq * 16 + g + 8 * r] + red_sum[kHeads + wq * 16 + g + 8 * r];
   const int valid_heads = min(kHeads, a.heads - hg * kHeads);
   if (a.splits == 1) {
     constexpr int kOutRow = kDim + 8;
