@@ -26,6 +26,7 @@
 //              __floats2bfloat162_rn, __bfloat1622float2, __low2float, __high2float
 //   macros     DSV4_DYNAMIC_SMEM(T, name), DSV4_DEVICE_ASSERT(cond)
 // and in namespace dsv4::gpu: launch, set_max_dynamic_smem, the mma wrappers, ldmatrix, cp.async,
+// load_global_or (a predicated load),
 // Hopper's mbarriers with bulk copies into shared memory (mbarrier_init, mbarrier_arrive,
 // mbarrier_arrive_expect_tx, bulk_copy_to_shared, mbarrier_wait), and warpgroup mma (wgmma_descriptor,
 // fence_proxy_async_shared, wgmma_fence, wgmma_m64n{32,64}k16_bf16, wgmma_m64n256k16_bf16_bt,
@@ -151,6 +152,17 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
 // As cp_async_16, but writes 16 zero bytes (and reads nothing) when !valid.
+// *p if `ok`, else `fallback`: a predicated global load whose result nothing consumes until the
+// caller does (a select after a plain load would wait for the load at once). p must point into
+// global memory when ok.
+__device__ __forceinline__ std::int32_t load_global_or(const std::int32_t* p, bool ok, std::int32_t fallback) {
+  std::int32_t v = fallback;
+  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %2, 0;\n@q ld.global.s32 %0, [%1];\n}\n"
+               : "+r"(v)
+               : "l"(p), "r"(static_cast<int>(ok))
+               : "memory");
+  return v;
+}
 __device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem, bool valid) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int src_bytes = valid ? 16 : 0;
@@ -396,6 +408,7 @@ inline void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row,
 inline void cp_async_16(void* smem, const void* gmem, std::source_location loc = std::source_location::current()) {
   sim::cp_async_16(smem, gmem, true, loc);
 }
+inline std::int32_t load_global_or(const std::int32_t* p, bool ok, std::int32_t fallback) { return ok ? *p : fallback; }
 inline void cp_async_16_zfill(void* smem, const void* gmem, bool valid,
                               std::source_location loc = std::source_location::current()) {
   sim::cp_async_16(smem, gmem, valid, loc);

@@ -97,30 +97,29 @@ struct KeyLookup {
   __device__ __forceinline__ bool in_window(int i) const { return i < keys.n_window; }
   __device__ __forceinline__ const DeviceCacheGroup& group(int i) const { return in_window(i) ? *win_group : *comp_group; }
   __device__ __forceinline__ EntriesPerBlock epb(int i) const { return in_window(i) ? win_epb : comp_epb; }
-  // The index of key i (-1: past the token's keys). Reads top_idx on CSA layers.
+  // The index of key i (-1: past the token's keys). Reads top_idx on CSA layers. The reads below
+  // are predicated loads (load_global_or): their results are waited for where they are used, a
+  // chunk later, not at the select an early return would make.
   __device__ __forceinline__ std::int32_t index(int i) const {
-    if (i >= keys.n_keys) return -1;
-    if (in_window(i)) return keys.first + i;
-    const int c = i - keys.n_window;
-    return ratio == 4 ? top_idx[c] : c;
+    const std::int32_t plain = i >= keys.n_keys ? -1 : in_window(i) ? keys.first + i : i - keys.n_window;
+    if (ratio != 4) return plain;
+    return load_global_or(top_idx + (in_window(i) ? 0 : i - keys.n_window), !in_window(i) && i < keys.n_keys, plain);
   }
   // The block id holding it (-1: not held).
   __device__ __forceinline__ std::int32_t block(int i, std::int32_t index) const {
-    if (index < 0) return -1;
     const bool w = in_window(i);
     const std::int64_t k = epb(i).block_of(index) - (w ? win.base : comp.base);
     const std::int32_t begin = w ? win.begin : comp.begin, end = w ? win.end : comp.end;
-    if (k < 0 || begin + k >= end) return -1;
-    return group(i).block_ids[begin + k];
+    const bool held = index >= 0 && k >= 0 && begin + k < end;
+    return load_global_or(group(i).block_ids + (held ? begin + k : 0), held, -1);
   }
   // Its page (-1: not held).
   __device__ __forceinline__ std::int32_t page(int i, std::int32_t block) const {
-    if (block < 0) return -1;
     const DeviceCacheGroup& g = group(i);
-    return g.page_table[static_cast<std::int64_t>(block) * g.layers + (in_window(i) ? win_slot : comp_slot)];
+    const std::int64_t at = static_cast<std::int64_t>(block) * g.layers + (in_window(i) ? win_slot : comp_slot);
+    return load_global_or(g.page_table + (block >= 0 ? at : 0), block >= 0, -1);
   }
 };
-
 
 // The inverse RoPE of rope pair i (dims 448 + 2 i, + 1) of bf16 values, rounded to bf16.
 __device__ __forceinline__ void rope_back_pair(float& x0, float& x1, int i, const float* cs) {
@@ -402,26 +401,22 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       // the bf16 rounding, which that rarely moves).
       const float inv = 1.0f / (l[r] + exp_float(a.sink[hg * kHeads + h] - m[r]));
       DSV4_UNROLL
-      for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<std::uint32_t*>(stage + h * kOutRow + 256 * wg + 8 * j + 2 * tig) =
-            pack_bf16x2(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+      for (int j = 0; j < 32; ++j) {
+        const int d = 256 * wg + 8 * j + 2 * tig;  // a rope pair's two dims sit in one thread
+        std::uint32_t pair = pack_bf16x2(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+        if (8 * j >= kNope - 256 && wg == 1) {
+          float x0 = __uint_as_float(pair << 16), x1 = __uint_as_float(pair & 0xffff0000u);
+          rope_back_pair(x0, x1, (d - kNope) / 2, rope_s);
+          pair = static_cast<std::uint32_t>(bf16_bits(x0)) | (static_cast<std::uint32_t>(bf16_bits(x1)) << 16);
+        }
+        *reinterpret_cast<std::uint32_t*>(stage + h * kOutRow + d) = pair;
+      }
     }
     __syncthreads();
-    const float* cs = rope_s;
     for (int idx = tid; idx < valid_heads * (kDim / 8); idx += kThreads) {
       const int h = idx / (kDim / 8), part = idx % (kDim / 8);
-      uint4 v = *reinterpret_cast<const uint4*>(stage + h * kOutRow + part * 8);
-      if (part * 8 >= kNope) {
-        std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-        DSV4_UNROLL
-        for (int k = 0; k < 4; ++k) {
-          float x0 = __uint_as_float(w[k] << 16), x1 = __uint_as_float(w[k] & 0xffff0000u);
-          rope_back_pair(x0, x1, (part * 8 - kNope) / 2 + k, cs);
-          w[k] = static_cast<std::uint32_t>(bf16_bits(x0)) | (static_cast<std::uint32_t>(bf16_bits(x1)) << 16);
-        }
-        v = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-      *reinterpret_cast<uint4*>(a.out + (static_cast<std::int64_t>(t) * a.heads + hg * kHeads + h) * kDim + part * 8) = v;
+      *reinterpret_cast<uint4*>(a.out + (static_cast<std::int64_t>(t) * a.heads + hg * kHeads + h) * kDim + part * 8) =
+          *reinterpret_cast<const uint4*>(stage + h * kOutRow + part * 8);
     }
   } else {
     constexpr int kAccRow = kDim + 8;
