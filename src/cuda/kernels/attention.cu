@@ -37,12 +37,14 @@ __device__ __forceinline__ int tile_offset(int row, int col) {
 }
 
 // Shared memory: queries, the chunk's bf16 keys, two staged chunks of raw fp8 entries, the chunk's
-// probabilities, the two warpgroups' row maxima and (at the end) row sums, the RoPE table, the scale offsets.
+// probabilities, the two warpgroups' row maxima and (at the end) row sums, the RoPE table, the
+// scale offsets.
 constexpr int kQBytes = kHeads * kDim * 2, kKBytes = kKeys * kDim * 2, kRawBytes = 2 * kKeys * kRawKey;
 constexpr int kPBytes = kHeads * kKeys * 2;
 constexpr int kSmemBytes = kQBytes + kKBytes + kRawBytes + kPBytes + 4 * kHeads * 4 + 2 * kRopeHalf * 4 + 2 * kKeys;
 static_assert(kSmemBytes <= 227 * 1024, "the CTA must fit the SM's shared memory");
-static_assert(kThreads == 4 * kKeys && kNope == 448 && kDim - kNope == 64, "the dequantization's split of units over threads");
+static_assert(kThreads == 4 * kKeys && kNope == 448 && kDim - kNope == 64,
+              "the dequantization's split of units over threads");
 
 struct KeySet {
   int n_window = 0, first = 0, n_keys = 0;
@@ -77,8 +79,12 @@ struct EntriesPerBlock {
     const int s = __ffs(n) - 1;
     shift = n == (1 << s) ? s : -1;
   }
-  __device__ __forceinline__ std::int32_t block_of(std::int32_t index) const { return shift >= 0 ? index >> shift : index / n; }
-  __device__ __forceinline__ std::int32_t entry_of(std::int32_t index) const { return shift >= 0 ? index & (n - 1) : index % n; }
+  __device__ __forceinline__ std::int32_t block_of(std::int32_t index) const {
+    return shift >= 0 ? index >> shift : index / n;
+  }
+  __device__ __forceinline__ std::int32_t entry_of(std::int32_t index) const {
+    return shift >= 0 ? index & (n - 1) : index % n;
+  }
 };
 
 // Key i of a token is found in three dependent reads -- its index (a window position, a CSA
@@ -141,13 +147,15 @@ __device__ __forceinline__ void finish_pair(float v0, float v1, int d, const flo
 // A CTA takes the 64 heads of one token (head group blockIdx.y) and a range of its key chunks;
 // warpgroup w (threads 128 w ..) owns keys 32 w .. 32 w + 31 of a chunk for Q.K^T and output dims
 // 256 w .. 256 w + 255 for P.V. Per chunk of 64 keys:
-//   1. the raw fp8 entries of the next chunk are copied (cp.async) into the other stage buffer;
-//      this chunk's entries are dequantized into the bf16 key tile (exact: fp8 code x power-of-two
-//      scale)
+//   1. this chunk's raw fp8 entries (copied during the previous chunk) are dequantized into the
+//      bf16 key tile (exact: fp8 code x power-of-two scale)
 //   2. S = Q K^T: 32 asynchronous m64n32k16 products per warpgroup from shared memory
 //   3. online softmax: the chunk's row maxima through shared memory (both warpgroups then hold the
-//      same running max), P = exp(S - max) rounded to bf16 into the probability tile, row sums
-//   4. O += P V: 4 m64n256k16 products per warpgroup, V read as the transposed key tile
+//      same running max), P = exp(S - max) rounded to bf16 into the probability tile; each thread
+//      keeps the sum of its own probabilities
+//   4. O += P V: 4 m64n256k16 products per warpgroup, V read as the transposed key tile; while
+//      they run, the next chunk's raw entries are copied (cp.async, into the other stage buffer)
+//      and the address reads of the chunks after it are issued
 // bf16 caches skip step 1's dequantization: their entries are copied straight into the key tile.
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a) {
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
@@ -199,11 +207,15 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     const int head = hg * kHeads + h;
     const bool ok = head < a.heads;
     cp_async_16_zfill(qs + tile_offset(h, part * 8),
-                      ok ? reinterpret_cast<const std::uint8_t*>(a.q + (static_cast<std::int64_t>(t) * a.heads + head) * kDim + part * 8) : nowhere, ok);
+                      ok ? reinterpret_cast<const std::uint8_t*>(
+                               a.q + (static_cast<std::int64_t>(t) * a.heads + head) * kDim + part * 8)
+                         : nowhere,
+                      ok);
   }
   // The token's RoPE cos / sin for the epilogue's inverse rotation.
   if (tid < 2 * kRopeHalf / 4) {
-    const float* cs = (a.compressed_rope ? st.rope_compressed : st.rope_window) + static_cast<std::int64_t>(t) * 2 * kRopeHalf;
+    const float* cs =
+        (a.compressed_rope ? st.rope_compressed : st.rope_window) + static_cast<std::int64_t>(t) * 2 * kRopeHalf;
     cp_async_16(rope_s + 4 * tid, cs + 4 * tid);
   }
   cp_async_commit();
@@ -289,11 +301,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       DSV4_UNROLL
       for (int i = 0; i < 2; ++i) {  // rope dims: bf16 as stored
         const int u = kNope / 16 + u0 + 4 * i;
-        *reinterpret_cast<uint4*>(ks + tile_offset(key, kNope + 8 * (u - kNope / 16))) = *reinterpret_cast<const uint4*>(entry + u * 16);
+        *reinterpret_cast<uint4*>(ks + tile_offset(key, kNope + 8 * (u - kNope / 16))) =
+            *reinterpret_cast<const uint4*>(entry + u * 16);
       }
     } else {
       for (int u = my_part * 16; u < my_part * 16 + 16; ++u)
-        cp_async_16_zfill(ks + tile_offset(my_key, 8 * u), held_data != nullptr ? held_data + u * 16 : nowhere, held_data != nullptr);
+        cp_async_16_zfill(ks + tile_offset(my_key, 8 * u), held_data != nullptr ? held_data + u * 16 : nowhere,
+                          held_data != nullptr);
       cp_async_wait_all();
     }
     fence_proxy_async_shared();  // the key tile, written by threads, is read by the products
@@ -428,7 +442,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       if (h >= valid_heads) continue;
       DSV4_UNROLL
       for (int j = 0; j < 32; ++j)
-        *reinterpret_cast<float2*>(stage + h * kAccRow + 256 * wg + 8 * j + 2 * tig) = make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
+        *reinterpret_cast<float2*>(stage + h * kAccRow + 256 * wg + 8 * j + 2 * tig) =
+            make_float2(o[4 * j + 2 * r], o[4 * j + 2 * r + 1]);
       if (wg == 0 && tig == 0) {
         const std::int64_t base = (static_cast<std::int64_t>(split) * a.capacity + t) * a.heads + hg * kHeads + h;
         a.part_ml[base * 2] = m[r];
@@ -439,7 +454,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     for (int idx = tid; idx < valid_heads * (kDim / 4); idx += kThreads) {
       const int h = idx / (kDim / 4), part = idx % (kDim / 4);
       const std::int64_t base = (static_cast<std::int64_t>(split) * a.capacity + t) * a.heads + hg * kHeads + h;
-      *reinterpret_cast<float4*>(a.part_acc + base * kDim + part * 4) = *reinterpret_cast<const float4*>(stage + h * kAccRow + part * 4);
+      *reinterpret_cast<float4*>(a.part_acc + base * kDim + part * 4) =
+          *reinterpret_cast<const float4*>(stage + h * kAccRow + part * 4);
     }
   }
 }
