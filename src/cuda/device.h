@@ -424,9 +424,10 @@ inline void cp_async_wait_all() { sim::cp_async_wait(-1); }
 // wgmma in the simulator: a descriptor's start address is the offset in the block's dynamic shared
 // memory (operands must live there), so descriptors add and compare as on the device. Each thread
 // computes its own accumulators when it issues the product, from the operands as they are then
-// (one behaviour the asynchronous instruction allows: the operands must not change before the
-// wait), exact products summed in k order from d in fp32. The warpgroup thread is threadIdx.x % 128
-// (1-D blocks).
+// (one behaviour the asynchronous instruction allows), exact products summed in k order from d in
+// fp32. The operands must not change from the warpgroup's first issue to its last wait: the
+// simulator checksums them at every issue and at the last wait and reports a change
+// (sim::wgmma_issue / wgmma_wait). The warpgroup thread is threadIdx.x % 128 (1-D blocks).
 inline std::uint64_t wgmma_descriptor(const void* smem, unsigned lbo_bytes, unsigned sbo_bytes) {
   const auto offset = static_cast<std::uint64_t>(static_cast<const unsigned char*>(smem) - sim::dynamic_smem());
   return ((offset & 0x3FFFFu) >> 4) | (static_cast<std::uint64_t>((lbo_bytes >> 4) & 0x3FFFu) << 16) |
@@ -434,10 +435,11 @@ inline std::uint64_t wgmma_descriptor(const void* smem, unsigned lbo_bytes, unsi
 }
 inline void fence_proxy_async_shared() {}
 inline void wgmma_fence() {}
-inline void wgmma_commit() {}
+inline void wgmma_commit() { sim::wgmma_commit(); }
 template <int N>
-inline void wgmma_wait() {
+inline void wgmma_wait(std::source_location loc = std::source_location::current()) {
   static_assert(N >= 0);
+  sim::wgmma_wait(N, loc);
 }
 // Value (r, k) of the bf16 operand a descriptor describes.
 inline float wgmma_operand(std::uint64_t desc, int r, int k) {
@@ -460,7 +462,9 @@ inline float wgmma_operand_mn(std::uint64_t desc, int k, int n) {
   return v;
 }
 template <int N, bool kTransposedB>
-inline void wgmma_m64k16_bf16(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
+inline void wgmma_m64k16_bf16(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
+                              const std::source_location& loc) {
+  sim::wgmma_issue(desc_a, desc_b, N / 8, loc);
   const int t = static_cast<int>(threadIdx.x % 128u), w = t / 32, g = (t % 32) / 4, q = t % 4;
   for (int i = 0; i < N / 2; ++i) {
     const int row = 16 * w + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * q + i % 2;
@@ -470,14 +474,17 @@ inline void wgmma_m64k16_bf16(float (&d)[N / 2], std::uint64_t desc_a, std::uint
     d[i] = acc;
   }
 }
-inline void wgmma_m64n64k16_bf16(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
-  wgmma_m64k16_bf16<64, false>(d, desc_a, desc_b, accumulate);
+inline void wgmma_m64n64k16_bf16(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
+                                 std::source_location loc = std::source_location::current()) {
+  wgmma_m64k16_bf16<64, false>(d, desc_a, desc_b, accumulate, loc);
 }
-inline void wgmma_m64n32k16_bf16(float (&d)[16], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
-  wgmma_m64k16_bf16<32, false>(d, desc_a, desc_b, accumulate);
+inline void wgmma_m64n32k16_bf16(float (&d)[16], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
+                                 std::source_location loc = std::source_location::current()) {
+  wgmma_m64k16_bf16<32, false>(d, desc_a, desc_b, accumulate, loc);
 }
-inline void wgmma_m64n256k16_bf16_bt(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
-  wgmma_m64k16_bf16<256, true>(d, desc_a, desc_b, accumulate);
+inline void wgmma_m64n256k16_bf16_bt(float (&d)[128], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
+                                     std::source_location loc = std::source_location::current()) {
+  wgmma_m64k16_bf16<256, true>(d, desc_a, desc_b, accumulate, loc);
 }
 template <int N>
 inline void wgmma_fence_operands(float (&)[N]) {}

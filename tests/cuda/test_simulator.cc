@@ -1,6 +1,7 @@
 // The SIMT simulator's own checks, which only exist in the simulator: deadlocks, barrier and warp
 // collective divergence, launch limits, device assertions, poisoned memory, late cp.async data,
-// and its speed. (The behaviour it shares with the GPU is in test_device_language.cu.)
+// wgmma operands written while a product is in flight, and its speed. (The behaviour it shares
+// with the GPU is in test_device_language.cu.)
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -107,6 +108,33 @@ __global__ void misaligned_cp_async_kernel(const unsigned char* src) {
 __global__ void throwing_kernel(int* out) {
   if (threadIdx.x == 3) throw std::runtime_error("thrown by a simulated thread");
   out[threadIdx.x] = 1;
+}
+
+// A wgmma product of warpgroup 0 reads A (64 x 16) and B (64 x 16) from the first 4 KB of shared
+// memory; warpgroup 1 then writes at byte `offset` while the product is in flight (before warpgroup
+// 0's wgmma_wait) -- a race when the write lands in the operands. With `early` one thread of
+// warpgroup 0 writes right after its own issue, before the other threads have issued.
+__global__ void wgmma_overwrite_kernel(int offset, bool early, float* out) {
+  DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
+  const int t = static_cast<int>(threadIdx.x);
+  for (int i = t; i < 8192 / 4; i += 256) reinterpret_cast<std::uint32_t*>(smem)[i] = 0x3F003F00u;  // bf16 0.5, 0.5
+  __syncthreads();
+  float acc[32];
+  for (float& v : acc) v = 0.0f;
+  if (t < 128) {
+    gpu::wgmma_fence();
+    gpu::wgmma_m64n64k16_bf16(acc, gpu::wgmma_descriptor(smem, 128, 256), gpu::wgmma_descriptor(smem + 2048, 128, 256),
+                              false);
+    gpu::wgmma_commit();
+    if (early && t == 0) smem[offset] ^= 1u;
+  }
+  __syncthreads();
+  if (t >= 128 && !early && t == 128) smem[offset] ^= 1u;
+  __syncthreads();
+  if (t < 128) {
+    gpu::wgmma_wait<0>();
+    out[t] = acc[0];
+  }
 }
 
 // ---- kernels with correct but unusual behaviour ----
@@ -255,6 +283,22 @@ TEST(Simulator, MisusedPrimitivesAreReported) {
               }),
               HasSubstr("must be 16-byte aligned"));
   EXPECT_THAT(sim_error([] { (void)threadIdx.x; }), HasSubstr("threadIdx used outside a simulated kernel"));
+  expect_simulator_healthy();
+}
+
+TEST(Simulator, WgmmaOperandsWrittenInFlightAreReported) {
+  gpu::DeviceBuffer out(128 * sizeof(float));
+  auto run = [&](int offset, bool early) {
+    return sim_error([&] {
+      gpu::launch(wgmma_overwrite_kernel, dim3(1), dim3(256), 8192, test_stream().handle(), offset, early,
+                  out.as<float>());
+    });
+  };
+  EXPECT_THAT(run(2048 + 700, false), HasSubstr("changed before the warpgroup's last wgmma_wait"));  // B
+  EXPECT_THAT(run(5, false), HasSubstr("changed before the warpgroup's last wgmma_wait"));           // A
+  EXPECT_THAT(run(1000, true), HasSubstr("changed between the warpgroup's threads' issues"));
+  EXPECT_EQ(run(4096 + 3, false), "");  // outside the operands: no race
+  for (int i = 0; i < 128; ++i) EXPECT_EQ(out.as<float>()[i], 4.0f) << i;  // 16 x 0.5 x 0.5
   expect_simulator_healthy();
 }
 

@@ -26,9 +26,11 @@
 #include <cstdlib>
 #include <exception>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -169,6 +171,16 @@ struct Mbarrier {
   std::vector<PendingBulk> copies;
 };
 
+// A warpgroup's wgmma product in flight: its descriptors, a checksum of its operands at the first
+// thread's issue, and how many of the warpgroup's threads have issued it and waited for it.
+struct WgmmaProduct {
+  std::uint64_t desc_a = 0, desc_b = 0;
+  int b_row_groups = 0;
+  std::uint64_t sum = 0;
+  unsigned issued = 0, waited = 0;
+  Location where;
+};
+
 struct Fiber {
   Builtins builtins{};
   Context context{};
@@ -189,6 +201,9 @@ struct Fiber {
   // cp.async copies not yet delivered, and the number of the group being filled.
   std::vector<PendingCopy> copies;
   unsigned next_group = 0;
+
+  // wgmma: the commit group being filled, the products issued into it, the groups waited for.
+  unsigned wgmma_group = 0, wgmma_in_group = 0, wgmma_waited = 0;
 
   // Stack: [stack_lo, stack_lo + stack_size), with a guard page below stack_lo.
   void* mapping = nullptr;
@@ -233,6 +248,8 @@ struct Simulator {
   Fiber* current = nullptr;
   std::string failure;  // a fiber's error report (kThrow mode)
   std::unordered_map<const void*, Mbarrier> mbarriers;  // of the running block
+  // wgmma products in flight in the running block, by (warpgroup, commit group, place in group).
+  std::map<std::tuple<unsigned, unsigned, unsigned>, WgmmaProduct> wgmma;
   std::exception_ptr kernel_exception;
 
   // AddressSanitizer's view of the scheduler stack.
@@ -732,6 +749,7 @@ void run_block(Launch& launch) {
   const unsigned threads = launch.threads;
   std::memset(launch.smem, 0xff, launch.smem_capacity);
   s.mbarriers.clear();
+  s.wgmma.clear();
   for (unsigned i = 0; i < threads; ++i) {
     Fiber& f = *s.fibers[i];
     f.builtins.thread_idx = uint3{i % launch.block.x, (i / launch.block.x) % launch.block.y,
@@ -747,6 +765,7 @@ void run_block(Launch& launch) {
     f.data = nullptr;
     f.copies.clear();
     f.next_group = 0;
+    f.wgmma_group = f.wgmma_in_group = f.wgmma_waited = 0;
     init_context(f);
   }
 
@@ -1202,6 +1221,79 @@ void mbarrier_wait(std::uint64_t* bar, unsigned parity, const Location& loc) {
   f.pred = static_cast<int>(parity & 1u);
   f.where = loc;
   yield(f);
+}
+
+namespace {
+
+// A checksum of the core matrices an operand descriptor names: `row_groups` 8-row groups (sbo
+// apart) times the two 8-value K groups of a k16 product (lbo apart), 128 bytes each.
+std::uint64_t operand_sum(std::uint64_t desc, int row_groups) {
+  const std::uint64_t start = (desc & 0x3FFFu) << 4, lbo = ((desc >> 16) & 0x3FFFu) << 4, sbo = ((desc >> 32) & 0x3FFFu) << 4;
+  const unsigned char* smem = sim().launch->smem;
+  std::uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < row_groups; ++i)
+    for (int j = 0; j < 2; ++j) {
+      const std::uint64_t at = start + static_cast<std::uint64_t>(i) * sbo + static_cast<std::uint64_t>(j) * lbo;
+      if (at + 128 > sim().launch->smem_capacity) continue;  // out of range: the product's reads report it
+      std::uint64_t w[16];
+      std::memcpy(w, smem + at, sizeof(w));
+      for (std::uint64_t x : w) h = (h ^ x) * 1099511628211ull;
+    }
+  return h;
+}
+std::uint64_t product_sum(const WgmmaProduct& p) {
+  return operand_sum(p.desc_a, 8) * 31 + operand_sum(p.desc_b, p.b_row_groups);
+}
+
+}  // namespace
+
+void wgmma_issue(std::uint64_t desc_a, std::uint64_t desc_b, int b_row_groups, const Location& loc) {
+  Fiber& f = current_fiber("wgmma");
+  WgmmaProduct probe{desc_a, desc_b, b_row_groups, 0, 0, 0, loc};
+  const std::uint64_t sum = product_sum(probe);
+  WgmmaProduct& p = sim().wgmma[{f.linear / 128, f.wgmma_group, f.wgmma_in_group++}];
+  if (p.issued == 0) {
+    p = probe;
+    p.sum = sum;
+  } else if (p.sum != sum) {
+    fiber_fail(f, [&] {
+      return fmt::format("the operands of the wgmma product issued at {} changed between the warpgroup's threads' "
+                         "issues (shared memory a product reads must not be written until its last wait)",
+                         format_location(p.where));
+    });
+  }
+  ++p.issued;
+}
+
+void wgmma_commit() {
+  Fiber& f = current_fiber("wgmma_commit");
+  ++f.wgmma_group;
+  f.wgmma_in_group = 0;
+}
+
+void wgmma_wait(int pending_groups, const Location& loc) {
+  Fiber& f = current_fiber("wgmma_wait");
+  const unsigned keep = static_cast<unsigned>(pending_groups);
+  const unsigned done = f.wgmma_group >= keep ? f.wgmma_group - keep : 0;
+  Simulator& s = sim();
+  const unsigned wg = f.linear / 128;
+  const unsigned members = std::min(128u, s.launch->threads - wg * 128);
+  for (; f.wgmma_waited < done; ++f.wgmma_waited) {
+    for (unsigned k = 0;; ++k) {
+      auto it = s.wgmma.find({wg, f.wgmma_waited, k});
+      if (it == s.wgmma.end()) break;
+      WgmmaProduct& p = it->second;
+      if (++p.waited < members) continue;
+      if (product_sum(p) != p.sum) {
+        fiber_fail(f, [&] {
+          return fmt::format("the operands of the wgmma product issued at {} changed before the warpgroup's last "
+                             "wgmma_wait (at {}): shared memory a product reads must not be written until then",
+                             format_location(p.where), format_location(loc));
+        });
+      }
+      s.wgmma.erase(it);
+    }
+  }
 }
 
 unsigned char* dynamic_smem() {
