@@ -383,6 +383,7 @@ void bench_indexer_case(const char* label, std::int64_t seqs, std::int64_t ctx, 
   a.top_k = static_cast<std::int32_t>(kTop);
   a.top_idx = top.as<std::int32_t>();
   a.top_count = count.as<std::int32_t>();
+  a.sm_count = info.sm_count;
   stream.synchronize();
   auto with_step = [&](int r) {
     gpu::IndexerArgs ar = a;

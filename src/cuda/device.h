@@ -151,7 +151,6 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
 }
-// As cp_async_16, but writes 16 zero bytes (and reads nothing) when !valid.
 // *p if `ok`, else `fallback`: a predicated global load whose result nothing consumes until the
 // caller does (a select after a plain load would wait for the load at once). p must point into
 // global memory when ok.
@@ -163,6 +162,7 @@ __device__ __forceinline__ std::int32_t load_global_or(const std::int32_t* p, bo
                : "memory");
   return v;
 }
+// As cp_async_16, but writes 16 zero bytes (and reads nothing) when !valid.
 __device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem, bool valid) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   const int src_bytes = valid ? 16 : 0;
