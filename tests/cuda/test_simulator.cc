@@ -114,6 +114,23 @@ __global__ void throwing_kernel(int* out) {
 // memory; warpgroup 1 then writes at byte `offset` while the product is in flight (before warpgroup
 // 0's wgmma_wait) -- a race when the write lands in the operands. With `early` one thread of
 // warpgroup 0 writes right after its own issue, before the other threads have issued.
+// Only 96 of warpgroup 0's threads issue the product; all of them commit and wait.
+__global__ void wgmma_partial_warpgroup_kernel(float* out) {
+  DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
+  const int t = static_cast<int>(threadIdx.x);
+  for (int i = t; i < 4096 / 4; i += 128) reinterpret_cast<std::uint32_t*>(smem)[i] = 0x3F003F00u;
+  __syncthreads();
+  float acc[32];
+  for (float& v : acc) v = 0.0f;
+  gpu::wgmma_fence();
+  if (t < 96)
+    gpu::wgmma_m64n64k16_bf16(acc, gpu::wgmma_descriptor(smem, 128, 256), gpu::wgmma_descriptor(smem + 2048, 128, 256),
+                              false);
+  gpu::wgmma_commit();
+  gpu::wgmma_wait<0>();
+  out[t] = acc[0];
+}
+
 __global__ void wgmma_overwrite_kernel(int offset, bool early, float* out) {
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
   const int t = static_cast<int>(threadIdx.x);
@@ -286,7 +303,7 @@ TEST(Simulator, MisusedPrimitivesAreReported) {
   expect_simulator_healthy();
 }
 
-TEST(Simulator, WgmmaOperandsWrittenInFlightAreReported) {
+TEST(Simulator, WgmmaRacesAndPartialWarpgroupsAreReported) {
   gpu::DeviceBuffer out(128 * sizeof(float));
   auto run = [&](int offset, bool early) {
     return sim_error([&] {
@@ -299,6 +316,11 @@ TEST(Simulator, WgmmaOperandsWrittenInFlightAreReported) {
   EXPECT_THAT(run(1000, true), HasSubstr("changed between the warpgroup's threads' issues"));
   EXPECT_EQ(run(4096 + 3, false), "");  // outside the operands: no race
   for (int i = 0; i < 128; ++i) EXPECT_EQ(out.as<float>()[i], 4.0f) << i;  // 16 x 0.5 x 0.5
+  EXPECT_THAT(sim_error([&] {
+                gpu::launch(wgmma_partial_warpgroup_kernel, dim3(1), dim3(128), 4096, test_stream().handle(),
+                            out.as<float>());
+              }),
+              HasSubstr("was issued by 96 of the warpgroup's 128 threads"));
   expect_simulator_healthy();
 }
 

@@ -1284,6 +1284,13 @@ void wgmma_wait(int pending_groups, const Location& loc) {
       if (it == s.wgmma.end()) break;
       WgmmaProduct& p = it->second;
       if (++p.waited < members) continue;
+      if (p.issued != members) {
+        fiber_fail(f, [&] {
+          return fmt::format("the wgmma product issued at {} was issued by {} of the warpgroup's {} threads (all of "
+                             "them must issue it together)",
+                             format_location(p.where), p.issued, members);
+        });
+      }
       if (product_sum(p) != p.sum) {
         fiber_fail(f, [&] {
           return fmt::format("the operands of the wgmma product issued at {} changed before the warpgroup's last "

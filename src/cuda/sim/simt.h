@@ -127,8 +127,9 @@ unsigned char* dynamic_smem();
 // wgmma bookkeeping (device.h's models compute the products at issue): the operands a warpgroup's
 // product names -- the 128-byte core matrices of its descriptors, `rows` 8-row groups of B (N / 8)
 // and two K groups each -- must stay unchanged from the first thread's issue to the last thread's
-// wait; a change is reported (the GPU reads them asynchronously in between). Products are matched
-// across the warpgroup's threads by their place in the thread's sequence of commit groups.
+// wait; a change is reported (the GPU reads them asynchronously in between), and so is a product
+// that not every thread of the warpgroup issued. Products are matched across the warpgroup's
+// threads by their place in the thread's sequence of commit groups.
 void wgmma_issue(std::uint64_t desc_a, std::uint64_t desc_b, int b_row_groups, const Location& loc);
 void wgmma_commit();
 void wgmma_wait(int pending_groups, const Location& loc);
