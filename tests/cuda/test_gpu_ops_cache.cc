@@ -620,6 +620,17 @@ struct AttnCase {
   int splits;          // 0: attention_splits' choice
 };
 
+// The split count: fewest waves x chunks per split (+1 for the combine), fewest splits among equals.
+TEST(GpuOpsCache, AttentionSplitsMinimizeWavesTimesChunks) {
+  EXPECT_EQ(gpu::attention_splits(2, 64, 640, 132), 10);    // decode batch 1: one chunk a split
+  EXPECT_EQ(gpu::attention_splits(128, 64, 640, 132), 1);   // 128 CTAs fill one wave: no split
+  EXPECT_EQ(gpu::attention_splits(256, 64, 640, 132), 1);   // two waves either way
+  EXPECT_EQ(gpu::attention_splits(4, 128, 1152, 132), 9);   // 8 CTAs, 18 chunks: 9 ties 16 and 18
+  EXPECT_EQ(gpu::attention_splits(64, 64, 640, 132), 2);    // 64 CTAs: two splits still one wave
+  EXPECT_EQ(gpu::attention_splits(300, 64, 100000, 132), 1);  // kMaxSplitTokens / tokens = 0 -> 1
+  EXPECT_EQ(gpu::attention_splits(0, 64, 640, 132), 1);
+}
+
 TEST(GpuOpsCache, SparseAttention) {
   const std::int32_t top_k = sim() ? 40 : 512;
   std::vector<AttnCase> cases;

@@ -146,7 +146,7 @@ __global__ void wgmma_overwrite_kernel(int offset, bool early, float* out) {
     if (early && t == 0) smem[offset] ^= 1u;
   }
   __syncthreads();
-  if (t >= 128 && !early && t == 128) smem[offset] ^= 1u;
+  if (!early && t == 128) smem[offset] ^= 1u;  // a thread of warpgroup 1
   __syncthreads();
   if (t < 128) {
     gpu::wgmma_wait<0>();
