@@ -26,7 +26,8 @@
 //              __floats2bfloat162_rn, __bfloat1622float2, __low2float, __high2float
 //   macros     DSV4_DYNAMIC_SMEM(T, name), DSV4_DEVICE_ASSERT(cond)
 // and in namespace dsv4::gpu: launch, set_max_dynamic_smem, the mma wrappers, ldmatrix, cp.async,
-// load_global_or (a predicated load),
+// load_global_or and load_global_v{2,4}_or_zero (predicated loads), named_barrier_sync,
+// setmaxnreg_inc / setmaxnreg_dec (warpgroup register budgets),
 // Hopper's mbarriers with bulk copies into shared memory (mbarrier_init, mbarrier_arrive,
 // mbarrier_arrive_expect_tx, bulk_copy_to_shared, mbarrier_wait), and warpgroup mma (wgmma_descriptor,
 // fence_proxy_async_shared, wgmma_fence, wgmma_m64n{32,64}k16_bf16, wgmma_m64n256k16_bf16_bt,
@@ -162,6 +163,25 @@ __device__ __forceinline__ std::int32_t load_global_or(const std::int32_t* p, bo
                : "memory");
   return v;
 }
+// 16 bytes at p (16-byte aligned) if `ok`, else zeros, through the non-coherent path (data no
+// kernel writes while it runs); predicated like load_global_or.
+__device__ __forceinline__ uint4 load_global_v4_or_zero(const void* p, bool ok) {
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %5, 0;\n@q ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+               : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+               : "l"(p), "r"(static_cast<int>(ok))
+               : "memory");
+  return v;
+}
+// 8 bytes at p (8-byte aligned) if `ok`, else zeros, as load_global_v4_or_zero.
+__device__ __forceinline__ uint2 load_global_v2_or_zero(const void* p, bool ok) {
+  uint2 v = make_uint2(0u, 0u);
+  asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, %3, 0;\n@q ld.global.nc.v2.u32 {%0, %1}, [%2];\n}\n"
+               : "+r"(v.x), "+r"(v.y)
+               : "l"(p), "r"(static_cast<int>(ok))
+               : "memory");
+  return v;
+}
 // As cp_async_16, but writes 16 zero bytes (and reads nothing) when !valid.
 __device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem, bool valid) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -178,6 +198,25 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 // Waits for all of this thread's copies, committed or not.
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Named barrier `id` (1..15; 0 is __syncthreads'): waits until `threads` threads (whole warps, a
+// multiple of 32) have arrived, so a subset of the block's warps can synchronize among themselves.
+__device__ __forceinline__ void named_barrier_sync(unsigned id, unsigned threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// The register budget of the calling warpgroup (all its threads call it, N a multiple of 8 in
+// 24..256): warp-specialized kernels move registers from a producer warpgroup to the consumers.
+// The compiler allocates the code after the call within the new budget. An increase takes
+// registers only from what decreases in the same CTA freed (not from what the launch left
+// unallocated); it waits until they are there, so increases beyond the decreases hang the CTA.
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
 
 // mbarriers (a 64-bit object in shared memory, 8-byte aligned) and bulk copies. One thread
 // initializes a barrier for `count` arrivals per phase, then a __syncthreads makes it visible. A
@@ -409,6 +448,29 @@ inline void cp_async_16(void* smem, const void* gmem, std::source_location loc =
   sim::cp_async_16(smem, gmem, true, loc);
 }
 inline std::int32_t load_global_or(const std::int32_t* p, bool ok, std::int32_t fallback) { return ok ? *p : fallback; }
+inline uint4 load_global_v4_or_zero(const void* p, bool ok) {
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  if (ok) std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline uint2 load_global_v2_or_zero(const void* p, bool ok) {
+  uint2 v = make_uint2(0u, 0u);
+  if (ok) std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void named_barrier_sync(unsigned id, unsigned threads, std::source_location loc = std::source_location::current()) {
+  sim::named_barrier_sync(id, threads, loc);
+}
+template <int N>
+inline void setmaxnreg_inc(std::source_location loc = std::source_location::current()) {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256);
+  sim::setmaxnreg(N, true, loc);
+}
+template <int N>
+inline void setmaxnreg_dec(std::source_location loc = std::source_location::current()) {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256);
+  sim::setmaxnreg(N, false, loc);
+}
 inline void cp_async_16_zfill(void* smem, const void* gmem, bool valid,
                               std::source_location loc = std::source_location::current()) {
   sim::cp_async_16(smem, gmem, valid, loc);

@@ -489,6 +489,50 @@ __global__ void bulk_copy_kernel(const uint4* src, uint4* dst) {
   }
 }
 
+// Warp specialization: warpgroup 2 (setmaxnreg_dec) produces four rounds of 128 uint4 into two
+// shared tiles with predicated loads (every third one reads nothing and gives zeros), handing them
+// over through full / empty mbarriers; warpgroups 0 and 1 (setmaxnreg_inc) consume them and
+// exchange values among themselves on named barrier 1, which warpgroup 2 never joins.
+__global__ void __launch_bounds__(384, 1)
+    warp_specialized_kernel(const uint4* src, const uint2* src2, uint4* dst, uint2* dst2) {
+  __shared__ uint4 tile[2][128];
+  __shared__ unsigned slot[256];
+  __shared__ __align__(8) std::uint64_t full[2], empty[2];
+  const int t = static_cast<int>(threadIdx.x);
+  if (t == 0) {
+    for (int b = 0; b < 2; ++b) {
+      gpu::mbarrier_init(&full[b], 128);
+      gpu::mbarrier_init(&empty[b], 256);
+    }
+  }
+  __syncthreads();
+  if (t >= 256) {
+    gpu::setmaxnreg_dec<56>();
+    const int p = t - 256;
+    for (int r = 0; r < 4; ++r) {
+      const int b = r & 1, i = r * 128 + p;
+      const uint4 v = gpu::load_global_v4_or_zero(src + i, i % 3 != 0);
+      if (r >= 2) gpu::mbarrier_wait(&empty[b], static_cast<unsigned>(((r >> 1) & 1) ^ 1));
+      tile[b][p] = v;
+      gpu::mbarrier_arrive(&full[b]);
+    }
+    dst2[p] = gpu::load_global_v2_or_zero(src2 + p, p % 2 == 0);
+    return;
+  }
+  gpu::setmaxnreg_inc<224>();
+  for (int r = 0; r < 4; ++r) {
+    const int b = r & 1;
+    gpu::mbarrier_wait(&full[b], static_cast<unsigned>((r >> 1) & 1));
+    uint4 v = tile[b][(t * 5 + r) % 128];
+    slot[t] = v.x + static_cast<unsigned>(r);
+    gpu::named_barrier_sync(1, 256);
+    v.w += slot[(t + 1) % 256];
+    gpu::named_barrier_sync(1, 256);  // every read of slot done before the next round's writes
+    dst[r * 256 + t] = v;
+    gpu::mbarrier_arrive(&empty[b]);
+  }
+}
+
 __global__ void bf16_kernel(const float* in, int n, unsigned short* bits, unsigned short* bits_rn, float* back,
                             float2* pair, float* lows, float* highs) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
@@ -1083,6 +1127,40 @@ TEST(DeviceLanguage, BulkCopiesCompleteOnAnMbarrier) {
       EXPECT_TRUE(got.x == want.x && got.y == want.y && got.z == want.z && got.w == want.w)
           << "phase " << phase << " thread " << t;
     }
+  }
+}
+
+TEST(DeviceLanguage, WarpSpecializedRolesHandOverThroughMbarriersAndNamedBarriers) {
+  std::vector<uint4> src(4 * 128);
+  for (int i = 0; i < 4 * 128; ++i)
+    src[i] = make_uint4(static_cast<unsigned>(i * 3 + 1), static_cast<unsigned>(i), 0x5a5a0000u + static_cast<unsigned>(i),
+                        static_cast<unsigned>(i * i));
+  std::vector<uint2> src2(128);
+  for (int i = 0; i < 128; ++i) src2[i] = make_uint2(static_cast<unsigned>(1000 + i), static_cast<unsigned>(7 * i + 1));
+  DeviceVector<uint4> d_src(src), d_dst(4 * 256);
+  DeviceVector<uint2> d_src2(src2), d_dst2(128);
+  d_dst.fill(std::vector<uint4>(4 * 256, make_uint4(0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu, 0xdeadbeefu)));
+  d_dst2.fill(std::vector<uint2>(128, make_uint2(0xdeadbeefu, 0xdeadbeefu)));
+  gpu::launch(warp_specialized_kernel, dim3(1), dim3(384), 0, test_stream().handle(), d_src.get(), d_src2.get(),
+              d_dst.get(), d_dst2.get());
+  const auto dst = d_dst.to_host();
+  const auto dst2 = d_dst2.to_host();
+  auto loaded = [&](int r, int idx) {
+    const int i = r * 128 + idx;
+    return i % 3 != 0 ? src[i] : make_uint4(0u, 0u, 0u, 0u);
+  };
+  for (int r = 0; r < 4; ++r) {
+    for (int t = 0; t < 256; ++t) {
+      uint4 want = loaded(r, (t * 5 + r) % 128);
+      want.w += loaded(r, (((t + 1) % 256) * 5 + r) % 128).x + static_cast<unsigned>(r);
+      const uint4 got = dst[r * 256 + t];
+      EXPECT_TRUE(got.x == want.x && got.y == want.y && got.z == want.z && got.w == want.w)
+          << "round " << r << " thread " << t;
+    }
+  }
+  for (int p = 0; p < 128; ++p) {
+    const uint2 want = p % 2 == 0 ? src2[p] : make_uint2(0u, 0u);
+    EXPECT_TRUE(dst2[p].x == want.x && dst2[p].y == want.y) << p;
   }
 }
 

@@ -236,6 +236,23 @@ __global__ void barriers_kernel(int* out) {
   out[blockIdx.x * 256 + threadIdx.x] = acc;
 }
 
+// Warp 1 waits at named barrier 1 for 64 threads, warp 0 at barrier 2: neither completes.
+__global__ void named_barrier_deadlock_kernel() {
+  if (threadIdx.x < 32) gpu::named_barrier_sync(2, 64);
+  else gpu::named_barrier_sync(1, 64);
+}
+// Three warps at a barrier that counts two.
+__global__ void named_barrier_overfull_kernel() { gpu::named_barrier_sync(3, 64); }
+// 384 threads start with 168 registers; two warpgroups ask for 24 more each (6144), one frees 40
+// (5120; the 1024 the launch left unallocated do not count): the increase waits forever, as it
+// did on the H200.
+__global__ void register_pool_deadlock_kernel() {
+  if (threadIdx.x >= 256) gpu::setmaxnreg_dec<128>();
+  else gpu::setmaxnreg_inc<192>();
+}
+// Barrier 0 is __syncthreads'.
+__global__ void named_barrier_zero_kernel() { gpu::named_barrier_sync(0, 32); }
+
 // =================================================================================================
 
 TEST(Simulator, BarrierSkippedByHalfTheBlockIsReported) {
@@ -386,6 +403,19 @@ TEST(Simulator, MbarrierMisuseIsReported) {
                             src.as<unsigned char>());
               }),
               HasSubstr("size a positive multiple of 16"));
+}
+
+TEST(Simulator, NamedBarrierAndRegisterPoolMisuseIsReported) {
+  EXPECT_THAT(sim_error([] { gpu::launch(named_barrier_deadlock_kernel, dim3(1), dim3(64), 0, test_stream().handle()); }),
+              AllOf(HasSubstr("deadlock"), HasSubstr("threads 0-31 (warp 0): named_barrier_sync (barrier 2, 64 threads)"),
+                    HasSubstr("threads 32-63 (warp 1): named_barrier_sync (barrier 1, 64 threads)")));
+  EXPECT_THAT(sim_error([] { gpu::launch(named_barrier_overfull_kernel, dim3(1), dim3(96), 0, test_stream().handle()); }),
+              HasSubstr("96 threads wait at named barrier 3, which counts 64"));
+  EXPECT_THAT(sim_error([] { gpu::launch(named_barrier_zero_kernel, dim3(1), dim3(32), 0, test_stream().handle()); }),
+              HasSubstr("0 is __syncthreads'"));
+  EXPECT_THAT(sim_error([] { gpu::launch(register_pool_deadlock_kernel, dim3(1), dim3(384), 0, test_stream().handle()); }),
+              AllOf(HasSubstr("deadlock"), HasSubstr("setmaxnreg_inc (to 192 registers a thread, 24 more")));
+  expect_simulator_healthy();
 }
 
 TEST(Simulator, CpAsyncDataLandsAtTheWait) {

@@ -138,6 +138,8 @@ enum class State : std::uint8_t {
   kBarrier,   // waits at a block barrier
   kWarp,      // waits at a warp collective
   kMbarrier,  // waits for an mbarrier phase
+  kNamed,     // waits at a named barrier (data: its id, pred: its thread count)
+  kRegisters,  // waits in setmaxnreg_inc for registers (pred: how many)
   kExited,    // returned from the kernel
   kFailed,    // reported an error (kThrow mode) or threw
 };
@@ -202,6 +204,8 @@ struct Fiber {
   std::vector<PendingCopy> copies;
   unsigned next_group = 0;
 
+  unsigned registers = 0;  // its setmaxnreg budget
+
   // wgmma: the commit group being filled, the products issued into it, the groups waited for.
   unsigned wgmma_group = 0, wgmma_in_group = 0, wgmma_waited = 0;
 
@@ -248,6 +252,7 @@ struct Simulator {
   Fiber* current = nullptr;
   std::string failure;  // a fiber's error report (kThrow mode)
   std::unordered_map<const void*, Mbarrier> mbarriers;  // of the running block
+  unsigned free_registers = 0;  // the running block's pool for setmaxnreg_inc
   // wgmma products in flight in the running block, by (warpgroup, commit group, place in group).
   std::map<std::tuple<unsigned, unsigned, unsigned>, WgmmaProduct> wgmma;
   std::exception_ptr kernel_exception;
@@ -388,6 +393,13 @@ std::string wait_description(const Fiber& f) {
       return fmt::format("{} (mask {:#010x}) at {}", f.collective->name, f.mask, format_location(f.where));
     case State::kMbarrier:
       return fmt::format("mbarrier_wait (barrier {}, parity {}) at {}", f.data, f.pred, format_location(f.where));
+    case State::kRegisters:
+      return fmt::format("setmaxnreg_inc (to {} registers a thread, {} more than it has; the block has {} free) at {}",
+                         f.registers + static_cast<unsigned>(f.pred), f.pred, sim().free_registers,
+                         format_location(f.where));
+    case State::kNamed:
+      return fmt::format("named_barrier_sync (barrier {}, {} threads) at {}", reinterpret_cast<std::uintptr_t>(f.data),
+                         f.pred, format_location(f.where));
     case State::kExited:
       return "exited";
     case State::kFailed:
@@ -689,6 +701,57 @@ bool release_barrier(unsigned threads, unsigned exited) {
   return true;
 }
 
+// Releases every named barrier at which as many threads wait as it counts; more waiting, or
+// threads waiting with different counts, is an error.
+bool release_named(unsigned threads) {
+  Simulator& s = sim();
+  unsigned waiting[kNamedBarriers] = {};
+  const Fiber* first[kNamedBarriers] = {};
+  for (unsigned i = 0; i < threads; ++i) {
+    const Fiber& f = *s.fibers[i];
+    if (f.state != State::kNamed) continue;
+    const auto id = static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(f.data));
+    ++waiting[id];
+    if (first[id] == nullptr) {
+      first[id] = &f;
+    } else if (first[id]->pred != f.pred) {
+      raise_error(fmt::format("{}: {} waits at {} but {} waits at {}", launch_description(), thread_description(*first[id]),
+                              wait_description(*first[id]), thread_description(f), wait_description(f)));
+    }
+  }
+  bool released = false;
+  for (unsigned id = 0; id < kNamedBarriers; ++id) {
+    if (first[id] == nullptr) continue;
+    const auto count = static_cast<unsigned>(first[id]->pred);
+    if (waiting[id] > count) {
+      raise_error(fmt::format("{}: {} threads wait at named barrier {}, which counts {}", launch_description(),
+                              waiting[id], id, count));
+    }
+    if (waiting[id] < count) continue;
+    for (unsigned i = 0; i < threads; ++i) {
+      Fiber& f = *s.fibers[i];
+      if (f.state == State::kNamed && reinterpret_cast<std::uintptr_t>(f.data) == id) f.state = State::kReady;
+    }
+    released = true;
+  }
+  return released;
+}
+
+// Gives waiting setmaxnreg_inc calls their registers, in thread order, while the pool lasts.
+bool release_registers(unsigned threads) {
+  Simulator& s = sim();
+  bool released = false;
+  for (unsigned i = 0; i < threads; ++i) {
+    Fiber& f = *s.fibers[i];
+    if (f.state != State::kRegisters || static_cast<unsigned>(f.pred) > s.free_registers) continue;
+    s.free_registers -= static_cast<unsigned>(f.pred);
+    f.registers += static_cast<unsigned>(f.pred);
+    f.state = State::kReady;
+    released = true;
+  }
+  return released;
+}
+
 // Nothing can run and nothing can be released: report divergent warp collectives, or a deadlock
 // with where every thread waits.
 [[noreturn]] void report_stuck(unsigned threads) {
@@ -750,6 +813,8 @@ void run_block(Launch& launch) {
   std::memset(launch.smem, 0xff, launch.smem_capacity);
   s.mbarriers.clear();
   s.wgmma.clear();
+  const unsigned registers = std::min(255u, 65536u / ((threads + 31) / 32 * 32)) / 8 * 8;
+  s.free_registers = 0;
   for (unsigned i = 0; i < threads; ++i) {
     Fiber& f = *s.fibers[i];
     f.builtins.thread_idx = uint3{i % launch.block.x, (i / launch.block.x) % launch.block.y,
@@ -766,6 +831,7 @@ void run_block(Launch& launch) {
     f.copies.clear();
     f.next_group = 0;
     f.wgmma_group = f.wgmma_in_group = f.wgmma_waited = 0;
+    f.registers = registers;
     init_context(f);
   }
 
@@ -790,6 +856,8 @@ void run_block(Launch& launch) {
     }
     if (exited == threads) return;
     if (release_barrier(threads, exited)) continue;
+    if (release_named(threads)) continue;
+    if (release_registers(threads)) continue;
     if (!progress) report_stuck(threads);
   }
 }
@@ -1052,6 +1120,43 @@ int block_barrier(BarrierOp op, int pred, const Location& loc) {
 }
 
 void syncwarp(unsigned mask, const Location& loc) { wait_warp(kSyncwarp, mask, nullptr, loc); }
+
+void setmaxnreg(unsigned regs, bool increase, const Location& loc) {
+  Fiber& f = current_fiber(increase ? "setmaxnreg_inc" : "setmaxnreg_dec");
+  if (increase ? regs < f.registers : regs > f.registers) {
+    fiber_fail(f, [&] {
+      return fmt::format("{} at {}: {} registers a thread, but the thread has {}", increase ? "setmaxnreg_inc" : "setmaxnreg_dec",
+                         format_location(loc), regs, f.registers);
+    });
+  }
+  if (!increase) {
+    sim().free_registers += f.registers - regs;
+    f.registers = regs;
+    return;
+  }
+  f.state = State::kRegisters;
+  f.pred = static_cast<int>(regs - f.registers);
+  f.where = loc;
+  yield(f);
+}
+
+void named_barrier_sync(unsigned id, unsigned threads, const Location& loc) {
+  Fiber& f = current_fiber("named_barrier_sync");
+  const unsigned block = sim().launch->threads;
+  if (id == 0 || id >= kNamedBarriers || threads == 0 || threads % 32 != 0 || threads > block) {
+    fiber_fail(f, [&] {
+      return fmt::format("named_barrier_sync at {}: barrier {} must be 1..{} (0 is __syncthreads') and its count {} a "
+                         "positive multiple of 32 up to the block's {} threads",
+                         format_location(loc), id, kNamedBarriers - 1, threads, block);
+    });
+  }
+  f.state = State::kNamed;
+  f.data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(id));
+  f.pred = static_cast<int>(threads);
+  f.where = loc;
+  yield(f);
+}
+
 
 std::uint64_t shfl(ShflMode mode, unsigned mask, std::uint64_t bits, int lane_arg, int width, const Location& loc) {
   const Collective* kinds[] = {&kShflIdx, &kShflUp, &kShflDown, &kShflXor};

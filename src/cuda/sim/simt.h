@@ -7,7 +7,8 @@
 //    until it reaches a barrier or a warp collective, or returns; then the next one runs.
 //  * __syncthreads releases when every thread of the block that has not exited waits at it; all of
 //    them must wait at the same __syncthreads (same source line), otherwise the simulator reports
-//    barrier divergence. Warp collectives (__syncwarp, shuffles, votes, reduces, match, mma)
+//    barrier divergence. A named barrier (named_barrier_sync) releases when as many threads wait at
+//    its id as it counts. Warp collectives (__syncwarp, shuffles, votes, reduces, match, mma)
 //    release when every lane of the mask that has not exited waits at the same kind of collective
 //    with the same mask. When nothing can run, the simulator reports a deadlock (or divergent
 //    collectives) with where every thread waits.
@@ -97,6 +98,15 @@ using Location = std::source_location;
 enum class BarrierOp { kSync, kCount, kAnd, kOr };
 int block_barrier(BarrierOp op, int pred, const Location& loc);
 void syncwarp(unsigned mask, const Location& loc);
+// bar.sync id, threads: releases when `threads` threads (whole warps) wait at barrier id (1..15).
+inline constexpr unsigned kNamedBarriers = 16;
+void named_barrier_sync(unsigned id, unsigned threads, const Location& loc);
+// setmaxnreg: a block starts with R registers a thread, R = 64K / its threads rounded up to whole
+// warps, down to a multiple of 8, at most 255 (what a kernel whose __launch_bounds__ names its block
+// size gets), and an empty pool. A decrease to `regs` adds (current - regs) to the pool; an
+// increase waits until the pool holds (regs - current) and takes them (a deadlock when no
+// decrease will free them: the registers the launch left unallocated are not in the pool).
+void setmaxnreg(unsigned regs, bool increase, const Location& loc);
 enum class ShflMode { kIdx, kUp, kDown, kXor };
 std::uint64_t shfl(ShflMode mode, unsigned mask, std::uint64_t bits, int lane_arg, int width, const Location& loc);
 enum class VoteMode { kBallot, kAny, kAll };
