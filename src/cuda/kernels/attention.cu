@@ -15,11 +15,19 @@ namespace {
 constexpr int kDim = 512, kNope = 448;
 constexpr int kHeads = 64;         // heads of a CTA: the M of one warpgroup mma
 constexpr int kKeys = 64;          // keys per chunk
-constexpr int kRawKey = 592;       // a staged fp8 entry: 576 data bytes, then the 16-byte chunk of
-                                   // the scale region holding its 8 scale bytes
-constexpr int kThreads = 256;      // 2 warpgroups
-constexpr int kAhead = 4;          // key addresses are resolved over 4 chunks ahead (see below)
+constexpr int kConsumers = 256;    // warpgroups 0 and 1: the products and the softmax
+constexpr int kProducers = 128;    // warpgroup 2: key addresses, loads, dequantization
+constexpr int kThreads = kConsumers + kProducers;
+// Register budgets after the split (setmaxnreg). The CTA starts with kLaunchRegs a thread (what
+// __launch_bounds__ leaves: 64K / 384, a multiple of 8); the consumers' increase must come out of
+// what the producer's decrease frees, or their setmaxnreg_inc waits forever.
+constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+constexpr int kConsumerRegs = 184, kProducerRegs = 136;
+static_assert(kConsumers * (kConsumerRegs - kLaunchRegs) <= kProducers * (kLaunchRegs - kProducerRegs),
+              "the consumers' registers must come from the producer's");
+constexpr int kAhead = 3;          // key addresses are resolved over 3 chunks ahead (see below)
 constexpr int kMaxSplitTokens = 256;  // splits * tokens bound of the partial buffers
+constexpr unsigned kConsumerBarrier = 1;  // the named barrier of the two consumer warpgroups
 // Probabilities inside the key loop are exp2((s - max) log2 e): the hardware's exp2 (about 2 ulp
 // in fp32, like exp_float) instead of exp_float's 30-odd operations per key and head; the sink
 // term and the split merge keep exp_float. The probabilities are rounded to bf16 before P.V.
@@ -36,15 +44,13 @@ __device__ __forceinline__ int tile_offset(int row, int col) {
   return (row / 8) * kGroupBytes + (col / 8) * kCore + (row % 8) * 16 + (col % 8) * 2;
 }
 
-// Shared memory: queries, the chunk's bf16 keys, two staged chunks of raw fp8 entries, the chunk's
-// probabilities, the two warpgroups' row maxima and (at the end) row sums, the RoPE table, the
-// scale offsets.
-constexpr int kQBytes = kHeads * kDim * 2, kKBytes = kKeys * kDim * 2, kRawBytes = 2 * kKeys * kRawKey;
-constexpr int kPBytes = kHeads * kKeys * 2;
-constexpr int kSmemBytes = kQBytes + kKBytes + kRawBytes + kPBytes + 4 * kHeads * 4 + 2 * kRopeHalf * 4 + 2 * kKeys;
+// Shared memory: queries, two bf16 key tiles (the producer fills one while the consumers read the
+// other), the chunk's probabilities, row maxima (by chunk parity) and row sums of the two consumer
+// warpgroups, the RoPE table, and the full / empty mbarriers of the two key tiles.
+constexpr int kQBytes = kHeads * kDim * 2, kKBytes = kKeys * kDim * 2, kPBytes = kHeads * kKeys * 2;
+constexpr int kSmemBytes = kQBytes + 2 * kKBytes + kPBytes + 6 * kHeads * 4 + 2 * kRopeHalf * 4 + 4 * 8;
 static_assert(kSmemBytes <= 227 * 1024, "the CTA must fit the SM's shared memory");
-static_assert(kThreads == 4 * kKeys && kNope == 448 && kDim - kNope == 64,
-              "the dequantization's split of units over threads");
+static_assert(kNope == 448 && kDim - kNope == 64, "the dequantization's split of an entry into 32-byte pairs");
 
 struct KeySet {
   int n_window = 0, first = 0, n_keys = 0;
@@ -87,10 +93,7 @@ struct EntriesPerBlock {
   }
 };
 
-// Key i of a token is found in three dependent reads -- its index (a window position, a CSA
-// top-k entry, an HCA entry), the block id from the row's block table, the page from the page
-// table -- then its bytes are copied. Each read is issued one chunk before its result is used,
-// so the chain runs kAhead chunks ahead of the arithmetic and its latency hides behind it.
+// The reads that find a token's key i (the producer's address chain in attention_kernel).
 // Indices are positions or entries of one sequence: 32-bit.
 struct KeyLookup {
   const DeviceCacheGroup* win_group;   // copies of the two groups in shared memory
@@ -144,29 +147,31 @@ __device__ __forceinline__ void finish_pair(float v0, float v1, int d, const flo
   out[d + 1] = bf16_bits(x1);
 }
 
-// A CTA takes the 64 heads of one token (head group blockIdx.y) and a range of its key chunks;
-// warpgroup w (threads 128 w ..) owns keys 32 w .. 32 w + 31 of a chunk for Q.K^T and output dims
-// 256 w .. 256 w + 255 for P.V. Per chunk of 64 keys:
-//   1. this chunk's raw fp8 entries (copied during the previous chunk) are dequantized into the
-//      bf16 key tile (exact: fp8 code x power-of-two scale)
-//   2. S = Q K^T: 32 asynchronous m64n32k16 products per warpgroup from shared memory
-//   3. online softmax: the chunk's row maxima through shared memory (both warpgroups then hold the
-//      same running max), P = exp(S - max) rounded to bf16 into the probability tile; each thread
-//      keeps the sum of its own probabilities
-//   4. O += P V: 4 m64n256k16 products per warpgroup, V read as the transposed key tile; while
-//      they run, the next chunk's raw entries are copied (cp.async, into the other stage buffer)
-//      and the address reads of the chunks after it are issued
-// bf16 caches skip step 1's dequantization: their entries are copied straight into the key tile.
+// A CTA takes the 64 heads of one token (head group blockIdx.y) and a range of its key chunks, with
+// three warpgroups in two roles that hand the two key tiles back and forth through mbarriers:
+//   producer (warpgroup 2): resolves key addresses, loads chunk c's fp8 entries into registers,
+//      waits until the consumers released the tile of chunk c - 2 ("empty"), dequantizes into it
+//      (exact: fp8 code x power-of-two scale; rope dims copied) and marks it "full"
+//   consumers (warpgroups 0 and 1): warpgroup w owns keys 32 w .. 32 w + 31 of a chunk for Q.K^T and
+//      output dims 256 w .. 256 w + 255 for P.V. Per chunk, once its tile is full:
+//      1. S = Q K^T: 32 asynchronous m64n32k16 products per warpgroup from shared memory
+//      2. online softmax: the chunk's row maxima through shared memory (both warpgroups then hold
+//         the same running max), P = exp(S - max) rounded to bf16 into the probability tile; each
+//         thread keeps the sum of its own probabilities
+//      3. O += P V: 4 m64n256k16 products per warpgroup, V read as the transposed key tile; then the
+//         tile is released to the producer
+// So the loads and dequantization of the next chunk run beside the products of this one. bf16
+// caches skip the dequantization: the producer copies their entries into the tile.
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a) {
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
   std::uint8_t* qs = smem;                          // [64 heads][512] tile
-  std::uint8_t* ks = qs + kQBytes;                  // [64 keys][512] tile
-  std::uint8_t* raw = ks + kKBytes;                 // [2][kKeys][kRawKey]
-  std::uint8_t* ps = raw + kRawBytes;               // [64 heads][64 keys] tile
-  float* red_max = reinterpret_cast<float*>(ps + kPBytes);  // [2][kHeads]
-  float* red_sum = red_max + 2 * kHeads;                     // [2][kHeads]
-  float* rope_s = red_sum + 2 * kHeads;                         // [2 * kRopeHalf] cos, sin
-  std::uint8_t* scale_at = reinterpret_cast<std::uint8_t*>(rope_s + 2 * kRopeHalf);  // [2][kKeys]
+  std::uint8_t* ks = qs + kQBytes;                  // [2][64 keys][512] tiles
+  std::uint8_t* ps = ks + 2 * kKBytes;              // [64 heads][64 keys] tile
+  float* red_max = reinterpret_cast<float*>(ps + kPBytes);  // [chunk parity][warpgroup][kHeads]
+  float* red_sum = red_max + 4 * kHeads;                     // [warpgroup][kHeads]
+  float* rope_s = red_sum + 2 * kHeads;                      // [2 * kRopeHalf] cos, sin
+  std::uint64_t* full = reinterpret_cast<std::uint64_t*>(rope_s + 2 * kRopeHalf);  // [2] tile written
+  std::uint64_t* empty = full + 2;                                                   // [2] tile read
 
   __shared__ DeviceCacheGroup groups_s[2];  // the window's and the compressed entries'
 
@@ -174,13 +179,16 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   const int t = blockIdx.x;
   if (t >= st.n_tokens) return;
   const int hg = blockIdx.y, split = blockIdx.z;
-  const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, tig = lane & 3;
-  const int wg = tid >> 7, wq = (tid >> 5) & 3;  // warpgroup, warp within it (rows 16 wq ..)
+  const int tid = threadIdx.x;
   const int row = st.token_row[t];
 
   if (tid == 0) {
     groups_s[0] = st.groups[a.window_group];
     groups_s[1] = st.groups[a.compressed_group];
+    for (int b = 0; b < 2; ++b) {
+      mbarrier_init(&full[b], kProducers);
+      mbarrier_init(&empty[b], kConsumers);
+    }
   }
   KeyLookup look;
   look.win_group = &groups_s[0];
@@ -197,12 +205,132 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   const int chunks = (look.keys.n_keys + kKeys - 1) / kKeys;
   const int per_split = (chunks + a.splits - 1) / a.splits;
   const int c_begin = min(chunks, split * per_split), c_end = min(chunks, c_begin + per_split);
-
-  // Queries, copied asynchronously (waited for with the first chunk): a warp fills four whole core
-  // matrices (8 heads x 4 x 8 dims) per pass. Copies of absent heads read nothing (zero fill);
-  // they, like those of absent keys, still name a global address.
+  // Copies of absent heads or keys read nothing (zero fill) but still name a global address.
   const std::uint8_t* nowhere = reinterpret_cast<const std::uint8_t*>(a.q);
-  for (int idx = tid; idx < kHeads * (kDim / 8); idx += kThreads) {
+  __syncthreads();  // groups_s, the mbarriers; from here on the roles never meet at __syncthreads
+
+  if (tid >= kConsumers) {
+    // ---- producer ----
+    setmaxnreg_dec<kProducerRegs>();
+    // Thread p handles keys lane_key and lane_key + 32 of each chunk and the 32-byte pairs part,
+    // part + 4, ... of their entries: pairs 0..13 are fp8 (pair q has scale byte q / 2), 14..17 the
+    // bf16 rope dims. A warp takes 8 keys, lane l key l % 8 and part l / 8: the four lanes of a key
+    // read 128 contiguous bytes of it in two load instructions (8 keys, 8 cache lines an
+    // instruction; 32 keys a warp made each touch 32 lines and cost about 20%), and a
+    // quarter warp's 16-byte stores fill the 8 rows of one core matrix.
+    const int p = tid - kConsumers, part = (p % 32) / 8, lane_key = 8 * (p / 32) + p % 8;
+    // Key i of a token is found in three dependent reads -- its index (a window position, a CSA
+    // top-k entry, an HCA entry), the block id from the row's block table, the page from the page
+    // table -- then its bytes are loaded. Each read is issued one chunk before its result is used,
+    // so the chain runs kAhead chunks ahead of the loads and its latency hides behind them.
+    // (32-bit page ids: a page read is used one chunk later, so nothing may consume it at once.)
+    std::int32_t idx[2] = {-1, -1}, blk_index[2] = {-1, -1}, pg_index[2] = {-1, -1}, blk[2] = {-1, -1},
+                 pg[2] = {-1, -1};
+    // Address step of chunk c: chunk c + 1 paged, c + 2 blocked, c + 3 indexed.
+    auto address_step = [&](int c) {
+      DSV4_UNROLL
+      for (int k = 0; k < 2; ++k) {
+        const int i1 = (c + 1) * kKeys + lane_key + 32 * k, i2 = i1 + kKeys, i3 = i2 + kKeys;
+        if (c + 1 >= c_begin && c + 1 < c_end) {
+          pg[k] = look.page(i1, blk[k]);
+          pg_index[k] = blk_index[k];
+        }
+        if (c + 2 >= c_begin && c + 2 < c_end) {
+          blk[k] = look.block(i2, idx[k]);
+          blk_index[k] = idx[k];
+        }
+        if (c + 3 >= c_begin && c + 3 < c_end) idx[k] = look.index(i3);
+      }
+    };
+    for (int c = c_begin - kAhead; c < c_begin; ++c) address_step(c);
+    for (int c = c_begin; c < c_end; ++c) {
+      const int n = c - c_begin, b = n & 1;
+      std::uint8_t* tile = ks + b * kKBytes;
+      // Where this chunk's two keys of the thread live (page data and scales).
+      const std::uint8_t* data[2];
+      const std::uint8_t* scales[2];
+      bool ok[2];
+      DSV4_UNROLL
+      for (int k = 0; k < 2; ++k) {
+        const int i = c * kKeys + lane_key + 32 * k;
+        const DeviceCacheGroup& grp = look.group(i);
+        ok[k] = pg[k] >= 0;
+        const std::int64_t e = ok[k] ? look.epb(i).entry_of(pg_index[k]) : 0;
+        const std::uint8_t* base = grp.pool + static_cast<std::int64_t>(ok[k] ? pg[k] : 0) * grp.page_bytes;
+        data[k] = ok[k] ? base + e * grp.data_bytes : nowhere;
+        scales[k] = ok[k] ? base + static_cast<std::int64_t>(grp.entries_per_block) * grp.data_bytes + e * grp.scale_bytes
+                          : nowhere;
+      }
+      if (a.kv_fp8) {
+        uint4 v[2][10];
+        uint2 sc[2];
+        DSV4_UNROLL
+        for (int k = 0; k < 2; ++k) {
+          DSV4_UNROLL
+          for (int q = 0; q < 5; ++q) {
+            const int pair = part + 4 * q;
+            v[k][2 * q] = load_global_v4_or_zero(data[k] + pair * 32, ok[k] && pair < 18);
+            v[k][2 * q + 1] = load_global_v4_or_zero(data[k] + pair * 32 + 16, ok[k] && pair < 18);
+          }
+          sc[k] = load_global_v2_or_zero(scales[k], ok[k]);
+        }
+        address_step(c);
+        if (n >= 2) mbarrier_wait(&empty[b], ((n >> 1) & 1) ^ 1);  // chunk n - 2's tile released
+        DSV4_UNROLL
+        for (int k = 0; k < 2; ++k) {
+          const int key = lane_key + 32 * k;
+          DSV4_UNROLL
+          for (int q = 0; q < 5; ++q) {
+            const int pair = part + 4 * q;
+            if (pair >= 18) continue;
+            if (pair < kNope / 32) {
+              const std::uint32_t byte = (pair / 2 < 4 ? sc[k].x >> (8 * (pair / 2)) : sc[k].y >> (8 * (pair / 2 - 4))) & 0xffu;
+              const float scale = ue8m0_value(static_cast<std::uint8_t>(byte));
+              DSV4_UNROLL
+              for (int h = 0; h < 2; ++h) {
+                const uint4 w4 = v[k][2 * q + h];
+                const std::uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+                std::uint32_t o8[8];
+                DSV4_UNROLL
+                for (int j = 0; j < 4; ++j) {
+                  o8[2 * j] = e4m3x2_to_bf16x2(w[j] & 0xffffu, scale);
+                  o8[2 * j + 1] = e4m3x2_to_bf16x2(w[j] >> 16, scale);
+                }
+                const int u = 2 * pair + h;  // 16 fp8 codes: dims 16 u .. 16 u + 15
+                *reinterpret_cast<uint4*>(tile + tile_offset(key, 16 * u)) = make_uint4(o8[0], o8[1], o8[2], o8[3]);
+                *reinterpret_cast<uint4*>(tile + tile_offset(key, 16 * u + 8)) = make_uint4(o8[4], o8[5], o8[6], o8[7]);
+              }
+            } else {
+              DSV4_UNROLL
+              for (int h = 0; h < 2; ++h)  // 8 bf16 rope dims as stored
+                *reinterpret_cast<uint4*>(tile + tile_offset(key, kNope + 16 * (pair - kNope / 32) + 8 * h)) =
+                    v[k][2 * q + h];
+            }
+          }
+        }
+      } else {
+        address_step(c);
+        if (n >= 2) mbarrier_wait(&empty[b], ((n >> 1) & 1) ^ 1);
+        DSV4_UNROLL
+        for (int k = 0; k < 2; ++k)
+          for (int u = part * 16; u < part * 16 + 16; ++u)
+            cp_async_16_zfill(tile + tile_offset(lane_key + 32 * k, 8 * u), ok[k] ? data[k] + u * 16 : nowhere, ok[k]);
+        cp_async_wait_all();
+      }
+      fence_proxy_async_shared();  // the tile, written by threads, is read by the products
+      mbarrier_arrive(&full[b]);
+    }
+    return;
+  }
+
+  // ---- consumers ----
+  setmaxnreg_inc<kConsumerRegs>();
+  const int lane = tid & 31, g = lane >> 2, tig = lane & 3;
+  const int wg = tid >> 7, wq = (tid >> 5) & 3;  // warpgroup, warp within it (rows 16 wq ..)
+
+  // Queries, copied asynchronously: a warp fills four whole core matrices (8 heads x 4 x 8 dims)
+  // per pass. And the token's RoPE cos / sin for the epilogue's inverse rotation.
+  for (int idx = tid; idx < kHeads * (kDim / 8); idx += kConsumers) {
     const int h = (idx / 512) * 8 + idx % 8, part = (idx / 8) % 64;
     const int head = hg * kHeads + h;
     const bool ok = head < a.heads;
@@ -212,7 +340,6 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
                          : nowhere,
                       ok);
   }
-  // The token's RoPE cos / sin for the epilogue's inverse rotation.
   if (tid < 2 * kRopeHalf / 4) {
     const float* cs =
         (a.compressed_rope ? st.rope_compressed : st.rope_window) + static_cast<std::int64_t>(t) * 2 * kRopeHalf;
@@ -220,18 +347,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   }
   cp_async_commit();
 
-  // Thread tid copies part tid % 4 of key tid / 4 of a chunk; it resolves that key's address.
-  const int my_key = tid >> 2, my_part = tid & 3;
-  // (32-bit page ids: a page read is used one chunk later, so nothing may consume it at once.)
-  std::int32_t idx_next = -1, blk_index = -1, pg_index = -1, blk = -1, pg = -1;
-  const std::uint8_t* held_data = nullptr;  // bf16 caches: the entry of the next chunk
-
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float o[128];  // O[16 wq + g + 8 (e / 2)][256 wg + 8 j + 2 tig + e % 2] = o[4 j + e]
   DSV4_UNROLL
   for (int i = 0; i < 128; ++i) o[i] = 0.0f;
 
-  // Descriptors of the products' operands at their first k step (device.h, wgmma_descriptor).
+  // Descriptors of the products' operands at their first k step (device.h, wgmma_descriptor), in
+  // key tile 0; tile 1 is kKBytes further.
   const std::uint64_t q_desc = wgmma_descriptor(qs, kCore, kRowGroup);
   const std::uint64_t k_desc = wgmma_descriptor(ks + (32 * wg / 8) * kRowGroup, kCore, kRowGroup);
   const std::uint64_t p_desc = wgmma_descriptor(ps, kCore, kPRowGroup);
@@ -239,79 +361,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   // A descriptor's start address counts 16-byte units in its low bits.
   auto advanced = [](std::uint64_t desc, int bytes) { return desc + static_cast<std::uint64_t>(bytes >> 4); };
 
-  __syncthreads();  // groups_s
-  // Address pipeline step of chunk c: chunk c + 1 copied, c + 2 paged, c + 3 blocked, c + 4 indexed.
-  auto address_step = [&](int c) {
-    const int i1 = (c + 1) * kKeys + my_key, i2 = i1 + kKeys, i3 = i2 + kKeys, i4 = i3 + kKeys;
-    if (c + 1 >= c_begin && c + 1 < c_end) {
-      const DeviceCacheGroup& grp = look.group(i1);
-      const bool ok = pg >= 0;
-      const std::int64_t e = ok ? look.epb(i1).entry_of(pg_index) : 0;
-      const std::uint8_t* base = grp.pool + static_cast<std::int64_t>(ok ? pg : 0) * grp.page_bytes;
-      const std::uint8_t* data = ok ? base + e * grp.data_bytes : nowhere;
-      if (a.kv_fp8) {
-        std::uint8_t* dst = raw + ((c + 1) & 1) * (kKeys * kRawKey) + my_key * kRawKey;
-        for (int u = my_part; u < 36; u += 4) cp_async_16_zfill(dst + u * 16, ok ? data + u * 16 : nowhere, ok);
-        if (my_part == 0) {
-          const std::int64_t scale_off = static_cast<std::int64_t>(grp.entries_per_block) * grp.data_bytes + e * grp.scale_bytes;
-          cp_async_16_zfill(dst + 576, ok ? base + (scale_off & ~std::int64_t{15}) : nowhere, ok);
-          scale_at[((c + 1) & 1) * kKeys + my_key] = static_cast<std::uint8_t>(scale_off & 15);
-        }
-      } else {
-        held_data = ok ? data : nullptr;
-      }
-    }
-    cp_async_commit();
-    if (c + 2 >= c_begin && c + 2 < c_end) {
-      pg = look.page(i2, blk);
-      pg_index = blk_index;
-    }
-    if (c + 3 >= c_begin && c + 3 < c_end) {
-      blk = look.block(i3, idx_next);
-      blk_index = idx_next;
-    }
-    if (c + 4 >= c_begin && c + 4 < c_end) idx_next = look.index(i4);
-  };
-  for (int c = c_begin - kAhead; c < c_begin; ++c) address_step(c);
+  cp_async_wait<0>();
+  fence_proxy_async_shared();  // the query tile, copied by threads, is read by the products
+  named_barrier_sync(kConsumerBarrier, kConsumers);
   for (int c = c_begin; c < c_end; ++c) {
-    cp_async_wait<0>();  // this chunk's raw entries (with the first chunk: the queries, the RoPE table)
-    __syncthreads();     // ... visible to all; the previous chunk's products are done
-    if (a.kv_fp8) {
-      // Thread tid dequantizes key tid % 64, units (16 bytes) u = tid / 64 + 4 i: units 0..27 are
-      // fp8 (unit u has scale byte u / 4 = i), 28..35 the bf16 rope dims. The 8 threads of a quarter
-      // warp take 8 keys of one unit, so each writes one row of the same core matrices.
-      const int key = tid % kKeys, u0 = tid / kKeys;
-      const std::uint8_t* entry = raw + (c & 1) * (kKeys * kRawKey) + key * kRawKey;
-      const std::uint8_t* scales = entry + 576 + scale_at[(c & 1) * kKeys + key];
-      DSV4_UNROLL
-      for (int i = 0; i < kNope / 64; ++i) {
-        const int u = u0 + 4 * i;
-        const uint4 v = *reinterpret_cast<const uint4*>(entry + u * 16);
-        const float scale = ue8m0_value(scales[i]);
-        const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-        std::uint32_t b[8];
-        DSV4_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          b[2 * j] = e4m3x2_to_bf16x2(w[j] & 0xffffu, scale);
-          b[2 * j + 1] = e4m3x2_to_bf16x2(w[j] >> 16, scale);
-        }
-        *reinterpret_cast<uint4*>(ks + tile_offset(key, 16 * u)) = make_uint4(b[0], b[1], b[2], b[3]);
-        *reinterpret_cast<uint4*>(ks + tile_offset(key, 16 * u + 8)) = make_uint4(b[4], b[5], b[6], b[7]);
-      }
-      DSV4_UNROLL
-      for (int i = 0; i < 2; ++i) {  // rope dims: bf16 as stored
-        const int u = kNope / 16 + u0 + 4 * i;
-        *reinterpret_cast<uint4*>(ks + tile_offset(key, kNope + 8 * (u - kNope / 16))) =
-            *reinterpret_cast<const uint4*>(entry + u * 16);
-      }
-    } else {
-      for (int u = my_part * 16; u < my_part * 16 + 16; ++u)
-        cp_async_16_zfill(ks + tile_offset(my_key, 8 * u), held_data != nullptr ? held_data + u * 16 : nowhere,
-                          held_data != nullptr);
-      cp_async_wait_all();
-    }
-    fence_proxy_async_shared();  // the key tile, written by threads, is read by the products
-    __syncthreads();
+    const int n = c - c_begin, b = n & 1;
+    mbarrier_wait(&full[b], (n >> 1) & 1);  // the producer's tile of this chunk
 
     // S = Q K^T for this warpgroup's 32 keys.
     float s[16];
@@ -320,12 +375,15 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     wgmma_fence();
     DSV4_UNROLL
     for (int kk = 0; kk < kDim / 16; ++kk)
-      wgmma_m64n32k16_bf16(s, advanced(q_desc, kk * 2 * kCore), advanced(k_desc, kk * 2 * kCore), kk > 0);
+      wgmma_m64n32k16_bf16(s, advanced(q_desc, kk * 2 * kCore), advanced(k_desc, b * kKBytes + kk * 2 * kCore), kk > 0);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(s);
 
-    // Online softmax over the chunk (rows g and g + 8 of the warp's 16; a row's values sit in one quad).
+    // Online softmax over the chunk (rows g and g + 8 of the warp's 16; a row's values sit in one
+    // quad). The maxima alternate between two buffers by chunk, so a warpgroup a chunk ahead never
+    // overwrites what the other still reads.
+    float* chunk_max = red_max + (n & 1) * 2 * kHeads;
     float mx[2] = {-INFINITY, -INFINITY};
     DSV4_UNROLL
     for (int i = 0; i < 16; ++i) {
@@ -337,33 +395,35 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      if (tig == 0) red_max[wg * kHeads + wq * 16 + g + 8 * r] = mx[r];
+      if (tig == 0) chunk_max[wg * kHeads + wq * 16 + g + 8 * r] = mx[r];
     }
-    __syncthreads();
+    named_barrier_sync(kConsumerBarrier, kConsumers);
     float corr[2];
     DSV4_UNROLL
     for (int r = 0; r < 2; ++r) {
       const int h = wq * 16 + g + 8 * r;
-      const float m_new = fmaxf(m[r], fmaxf(red_max[h], red_max[kHeads + h]));
+      const float m_new = fmaxf(m[r], fmaxf(chunk_max[h], chunk_max[kHeads + h]));
       corr[r] = m[r] == -INFINITY ? 0.0f : exp2f((m[r] - m_new) * kLog2e);
       m[r] = m_new;
     }
-    // P into the probability tile; each thread sums its own probabilities (its row sums are
-    // completed across the quad and the two warpgroups after the last chunk).
+    // P into the probability tile (the other warpgroup's products of the last chunk, which read
+    // it, are done: it passed the barrier above after them); each thread sums its own
+    // probabilities (its row sums are completed across the quad and the two warpgroups after the
+    // last chunk).
     float psum[2] = {0.0f, 0.0f};
     DSV4_UNROLL
     for (int j = 0; j < 4; ++j) {
-      float p[4];
+      float pr[4];
       DSV4_UNROLL
-      for (int e = 0; e < 4; ++e) p[e] = s[4 * j + e] == -INFINITY ? 0.0f : exp2f((s[4 * j + e] - m[e >> 1]) * kLog2e);
+      for (int e = 0; e < 4; ++e) pr[e] = s[4 * j + e] == -INFINITY ? 0.0f : exp2f((s[4 * j + e] - m[e >> 1]) * kLog2e);
       const int key = 32 * wg + 8 * j + tig * 2;
-      *reinterpret_cast<std::uint32_t*>(ps + tile_offset<kPRowGroup>(wq * 16 + g, key)) = pack_bf16x2(p[0], p[1]);
-      *reinterpret_cast<std::uint32_t*>(ps + tile_offset<kPRowGroup>(wq * 16 + g + 8, key)) = pack_bf16x2(p[2], p[3]);
-      psum[0] += p[0] + p[1];
-      psum[1] += p[2] + p[3];
+      *reinterpret_cast<std::uint32_t*>(ps + tile_offset<kPRowGroup>(wq * 16 + g, key)) = pack_bf16x2(pr[0], pr[1]);
+      *reinterpret_cast<std::uint32_t*>(ps + tile_offset<kPRowGroup>(wq * 16 + g + 8, key)) = pack_bf16x2(pr[2], pr[3]);
+      psum[0] += pr[0] + pr[1];
+      psum[1] += pr[2] + pr[3];
     }
     fence_proxy_async_shared();  // the probability tile is read by the products
-    __syncthreads();
+    named_barrier_sync(kConsumerBarrier, kConsumers);
     l[0] = l[0] * corr[0] + psum[0];
     l[1] = l[1] * corr[1] + psum[1];
     // (Skipped while no row max of the warp moved: a factor of 1 changes nothing.)
@@ -380,12 +440,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     wgmma_fence();
     DSV4_UNROLL
     for (int kk = 0; kk < kKeys / 16; ++kk)
-      wgmma_m64n256k16_bf16_bt(o, advanced(p_desc, kk * 2 * kCore), advanced(v_desc, kk * 2 * kRowGroup), true);
+      wgmma_m64n256k16_bf16_bt(o, advanced(p_desc, kk * 2 * kCore), advanced(v_desc, b * kKBytes + kk * 2 * kRowGroup),
+                               true);
     wgmma_commit();
-    // While the tensor cores work: the next chunk's copies and the address reads ahead of them.
-    address_step(c);
     wgmma_wait<0>();
     wgmma_fence_operands(o);
+    mbarrier_arrive(&empty[b]);  // the tile is free for chunk n + 2
   }
   // The row sums: across the quad, then the two warpgroups' halves through shared memory.
   DSV4_UNROLL
@@ -395,12 +455,12 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     if (tig == 0) red_sum[wg * kHeads + wq * 16 + g + 8 * r] = l[r];
   }
 
-  // Epilogue through shared memory (the key and raw tiles, no longer read once every warp is here),
-  // so global stores are whole 16-byte pieces of a head's row: the bf16 output (rows of 520
-  // values: a warp's 8 rows fall on different banks), or with splits the fp32 partial sums (rows
-  // of 520 floats) and the row max / sum.
-  cp_async_wait_all();
-  __syncthreads();
+  // Epilogue through shared memory (the key tiles and the probability tile, no longer read once
+  // both consumer warpgroups are here; the producer wrote its last tile before they read it), so
+  // global stores are whole 16-byte pieces of a head's row: the bf16 output (rows of 520 values: a
+  // warp's 8 rows fall on different banks), or with splits the fp32 partial sums (rows of 520
+  // floats) and the row max / sum.
+  named_barrier_sync(kConsumerBarrier, kConsumers);
   DSV4_UNROLL
   for (int r = 0; r < 2; ++r) l[r] = red_sum[wq * 16 + g + 8 * r] + red_sum[kHeads + wq * 16 + g + 8 * r];
   const int valid_heads = min(kHeads, a.heads - hg * kHeads);
@@ -426,8 +486,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
         *reinterpret_cast<std::uint32_t*>(stage + h * kOutRow + d) = pair;
       }
     }
-    __syncthreads();
-    for (int idx = tid; idx < valid_heads * (kDim / 8); idx += kThreads) {
+    named_barrier_sync(kConsumerBarrier, kConsumers);
+    for (int idx = tid; idx < valid_heads * (kDim / 8); idx += kConsumers) {
       const int h = idx / (kDim / 8), part = idx % (kDim / 8);
       *reinterpret_cast<uint4*>(a.out + (static_cast<std::int64_t>(t) * a.heads + hg * kHeads + h) * kDim + part * 8) =
           *reinterpret_cast<const uint4*>(stage + h * kOutRow + part * 8);
@@ -435,7 +495,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   } else {
     constexpr int kAccRow = kDim + 8;
     float* stage = reinterpret_cast<float*>(ks);
-    static_assert(kHeads * kAccRow * 4 <= kKBytes + kRawBytes, "the fp32 stage must fit the key and raw tiles");
+    static_assert(kHeads * kAccRow * 4 <= 2 * kKBytes + kPBytes, "the fp32 stage must fit the key and probability tiles");
     DSV4_UNROLL
     for (int r = 0; r < 2; ++r) {
       const int h = wq * 16 + g + 8 * r;
@@ -450,8 +510,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
         a.part_ml[base * 2 + 1] = l[r];
       }
     }
-    __syncthreads();
-    for (int idx = tid; idx < valid_heads * (kDim / 4); idx += kThreads) {
+    named_barrier_sync(kConsumerBarrier, kConsumers);
+    for (int idx = tid; idx < valid_heads * (kDim / 4); idx += kConsumers) {
       const int h = idx / (kDim / 4), part = idx % (kDim / 4);
       const std::int64_t base = (static_cast<std::int64_t>(split) * a.capacity + t) * a.heads + hg * kHeads + h;
       *reinterpret_cast<float4*>(a.part_acc + base * kDim + part * 4) =
