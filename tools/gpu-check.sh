@@ -80,15 +80,19 @@ check() {
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$logs/gpu.txt"
+# Time limits: about 5x what each check took on the H200 (device_language 1 s, gpu_ops 34 s,
+# gpu_model 27 s, memcheck_ops 15 s, quick bench_attention 4 s; December 2026), so a hung kernel
+# (a spinning mbarrier wait, a setmaxnreg that never gets its registers) fails its check instead
+# of using up the whole device call.
 
-check device_language 300 "$(find_program test_device_language)"
-check gpu_ops 600 "$(find_program test_gpu_ops)"
-check gpu_model 600 "$(find_program test_gpu_model)"
+check device_language 60 "$(find_program test_device_language)"
+check gpu_ops 180 "$(find_program test_gpu_ops)"
+check gpu_model 180 "$(find_program test_gpu_model)"
 
 if [ $sanitizer = 1 ] && command -v compute-sanitizer >/dev/null; then
   # memcheck and racecheck on the op tests (the simulator's smaller sizes) and on the tiny model's
   # forward.
-  check memcheck_ops 600 env DSV4_GPU_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 1 \
+  check memcheck_ops 240 env DSV4_GPU_TEST_SMALL=1 compute-sanitizer --tool memcheck --error-exitcode 1 \
     "$(find_program test_gpu_ops)" --gtest_brief=1
   check racecheck_ops 600 env DSV4_GPU_TEST_SMALL=1 compute-sanitizer --tool racecheck --error-exitcode 1 \
     "$(find_program test_gpu_ops)" --gtest_brief=1
@@ -108,7 +112,7 @@ if [ $bench = 1 ]; then
     check bench_moe 600 "$(find_program bench_gpu_moe)"
   fi
   if [ $quick = 1 ]; then
-    check bench_attention 300 "$(find_program bench_gpu_attention)" --reps 20
+    check bench_attention 120 "$(find_program bench_gpu_attention)" --reps 20
   else
     check bench_attention 600 "$(find_program bench_gpu_attention)"
   fi
