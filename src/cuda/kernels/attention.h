@@ -11,10 +11,11 @@
 //
 // A CTA takes one token, 64 heads and a share of the token's keys (split-K over `splits` CTAs
 // when keys are many and tokens few: partial softmax states, merged by a combine kernel), 64 keys
-// at a time. The keys' cache addresses are resolved chunks ahead and their raw fp8 entries copied
-// asynchronously one chunk ahead, then dequantized into bf16 in shared memory; Q.K^T and P.V are
-// Hopper warpgroup mma (wgmma) products from shared memory, the two warpgroups splitting the keys
-// for Q.K^T and the output dims for P.V (attention.cu).
+// at a time, by three warpgroups: a producer resolves the keys' cache addresses chunks ahead,
+// loads their raw fp8 entries into registers and dequantizes them into one of two bf16 key tiles
+// in shared memory while two consumers compute on the other; Q.K^T and P.V are Hopper warpgroup
+// mma (wgmma) products from shared memory, the consumers splitting the keys for Q.K^T and the
+// output dims for P.V (attention.cu).
 #pragma once
 
 #include <cstdint>
