@@ -250,6 +250,10 @@ __global__ void register_pool_deadlock_kernel() {
   if (threadIdx.x >= 256) gpu::setmaxnreg_dec<128>();
   else gpu::setmaxnreg_inc<192>();
 }
+// Only the first warp of the warpgroup lowers its budget.
+__global__ void partial_setmaxnreg_kernel() {
+  if (threadIdx.x < 32) gpu::setmaxnreg_dec<120>();
+}
 // Barrier 0 is __syncthreads'.
 __global__ void named_barrier_zero_kernel() { gpu::named_barrier_sync(0, 32); }
 
@@ -415,6 +419,9 @@ TEST(Simulator, NamedBarrierAndRegisterPoolMisuseIsReported) {
               HasSubstr("0 is __syncthreads'"));
   EXPECT_THAT(sim_error([] { gpu::launch(register_pool_deadlock_kernel, dim3(1), dim3(384), 0, test_stream().handle()); }),
               AllOf(HasSubstr("deadlock"), HasSubstr("setmaxnreg_inc (to 192 registers a thread, 24 more")));
+  EXPECT_THAT(sim_error([] { gpu::launch(partial_setmaxnreg_kernel, dim3(1), dim3(128), 0, test_stream().handle()); }),
+              AllOf(HasSubstr("setmaxnreg is warpgroup-wide"), HasSubstr("ended with 120 registers"),
+                    HasSubstr("with 248")));
   expect_simulator_healthy();
 }
 

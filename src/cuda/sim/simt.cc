@@ -752,6 +752,21 @@ bool release_registers(unsigned threads) {
   return released;
 }
 
+// setmaxnreg is warpgroup-wide (.sync.aligned): every thread of a warpgroup must end with the
+// same budget, or some of them skipped a call the others made.
+void check_register_budgets(unsigned threads) {
+  Simulator& s = sim();
+  for (unsigned i = 0; i < threads; ++i) {
+    const Fiber& first = *s.fibers[i / 128 * 128];
+    const Fiber& f = *s.fibers[i];
+    if (f.registers != first.registers) {
+      raise_error(fmt::format("{}: setmaxnreg is warpgroup-wide, but {} ended with {} registers and {} with {}",
+                              launch_description(), thread_description(first), first.registers, thread_description(f),
+                              f.registers));
+    }
+  }
+}
+
 // Nothing can run and nothing can be released: report divergent warp collectives, or a deadlock
 // with where every thread waits.
 [[noreturn]] void report_stuck(unsigned threads) {
@@ -854,7 +869,10 @@ void run_block(Launch& launch) {
         progress = true;
       }
     }
-    if (exited == threads) return;
+    if (exited == threads) {
+      check_register_budgets(threads);
+      return;
+    }
     if (release_barrier(threads, exited)) continue;
     if (release_named(threads)) continue;
     if (release_registers(threads)) continue;

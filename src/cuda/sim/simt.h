@@ -105,7 +105,8 @@ void named_barrier_sync(unsigned id, unsigned threads, const Location& loc);
 // warps, down to a multiple of 8, at most 255 (what a kernel whose __launch_bounds__ names its block
 // size gets), and an empty pool. A decrease to `regs` adds (current - regs) to the pool; an
 // increase waits until the pool holds (regs - current) and takes them (a deadlock when no
-// decrease will free them: the registers the launch left unallocated are not in the pool).
+// decrease will free them: the registers the launch left unallocated are not in the pool). Every
+// thread of a warpgroup must make the same calls (checked when the block ends).
 void setmaxnreg(unsigned regs, bool increase, const Location& loc);
 enum class ShflMode { kIdx, kUp, kDown, kXor };
 std::uint64_t shfl(ShflMode mode, unsigned mask, std::uint64_t bits, int lane_arg, int width, const Location& loc);
