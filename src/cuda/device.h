@@ -448,14 +448,14 @@ inline void cp_async_16(void* smem, const void* gmem, std::source_location loc =
   sim::cp_async_16(smem, gmem, true, loc);
 }
 inline std::int32_t load_global_or(const std::int32_t* p, bool ok, std::int32_t fallback) { return ok ? *p : fallback; }
-inline uint4 load_global_v4_or_zero(const void* p, bool ok) {
+inline uint4 load_global_v4_or_zero(const void* p, bool ok, std::source_location loc = std::source_location::current()) {
   uint4 v = make_uint4(0u, 0u, 0u, 0u);
-  if (ok) std::memcpy(&v, p, sizeof(v));
+  if (ok) sim::vector_load(&v, p, sizeof(v), loc);
   return v;
 }
-inline uint2 load_global_v2_or_zero(const void* p, bool ok) {
+inline uint2 load_global_v2_or_zero(const void* p, bool ok, std::source_location loc = std::source_location::current()) {
   uint2 v = make_uint2(0u, 0u);
-  if (ok) std::memcpy(&v, p, sizeof(v));
+  if (ok) sim::vector_load(&v, p, sizeof(v), loc);
   return v;
 }
 inline void named_barrier_sync(unsigned id, unsigned threads, std::source_location loc = std::source_location::current()) {

@@ -254,6 +254,10 @@ __global__ void register_pool_deadlock_kernel() {
 __global__ void partial_setmaxnreg_kernel() {
   if (threadIdx.x < 32) gpu::setmaxnreg_dec<120>();
 }
+// A 16-byte load 8 bytes into a buffer.
+__global__ void misaligned_vector_load_kernel(const unsigned char* src, unsigned* out) {
+  out[threadIdx.x] = gpu::load_global_v4_or_zero(src + 8, true).x;
+}
 // Barrier 0 is __syncthreads'.
 __global__ void named_barrier_zero_kernel() { gpu::named_barrier_sync(0, 32); }
 
@@ -320,6 +324,11 @@ TEST(Simulator, MisusedPrimitivesAreReported) {
                             static_cast<const unsigned char*>(src.data()));
               }),
               HasSubstr("must be 16-byte aligned"));
+  EXPECT_THAT(sim_error([&] {
+                gpu::launch(misaligned_vector_load_kernel, dim3(1), dim3(1), 0, test_stream().handle(),
+                            static_cast<const unsigned char*>(src.data()), out.as<unsigned>());
+              }),
+              HasSubstr("16-byte load at"));
   EXPECT_THAT(sim_error([] { (void)threadIdx.x; }), HasSubstr("threadIdx used outside a simulated kernel"));
   expect_simulator_healthy();
 }

@@ -1158,6 +1158,17 @@ void setmaxnreg(unsigned regs, bool increase, const Location& loc) {
   yield(f);
 }
 
+void vector_load(void* dst, const void* gmem, unsigned bytes, const Location& loc) {
+  Fiber& f = current_fiber("a vector load");
+  if ((reinterpret_cast<std::uintptr_t>(gmem) & (bytes - 1)) != 0) {
+    fiber_fail(f, [&] {
+      return fmt::format("{}-byte load at {}: global address {} must be {}-byte aligned", bytes, format_location(loc),
+                         gmem, bytes);
+    });
+  }
+  std::memcpy(dst, gmem, bytes);
+}
+
 void named_barrier_sync(unsigned id, unsigned threads, const Location& loc) {
   Fiber& f = current_fiber("named_barrier_sync");
   const unsigned block = sim().launch->threads;

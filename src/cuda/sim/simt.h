@@ -123,6 +123,8 @@ void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], const std::ui
 // cp.async: the 16 source bytes are read at issue time and land in shared memory when the
 // issuing thread waits for their group (cp_async_wait), as late as the hardware may deliver them.
 void cp_async_16(void* smem, const void* gmem, bool valid, const Location& loc);
+// A vector load of `bytes` (8 or 16) from global memory: the address must be aligned to its size.
+void vector_load(void* dst, const void* gmem, unsigned bytes, const Location& loc);
 void cp_async_commit();
 void cp_async_wait(int pending_groups);  // < 0: wait for all, committed or not
 // mbarriers and bulk copies (Hopper's cp.async.bulk into shared memory, completing a transaction
