@@ -1186,7 +1186,6 @@ void named_barrier_sync(unsigned id, unsigned threads, const Location& loc) {
   yield(f);
 }
 
-
 std::uint64_t shfl(ShflMode mode, unsigned mask, std::uint64_t bits, int lane_arg, int width, const Location& loc) {
   const Collective* kinds[] = {&kShflIdx, &kShflUp, &kShflDown, &kShflXor};
   const Collective& kind = *kinds[static_cast<int>(mode)];
