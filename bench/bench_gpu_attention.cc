@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -53,6 +54,7 @@ constexpr int kDim = 512;
 constexpr std::int64_t kMainEntryData = 576, kMainEntryScales = 8;  // fp8 main KV (584 B)
 constexpr std::int64_t kNope = 448;                                 // its fp8 bytes, then bf16 rope dims
 constexpr std::int64_t kIndexData = 64, kIndexScales = 4;           // fp4 indexer key (68 B)
+constexpr std::int64_t kIndexFp8Data = 128;                          // fp8 indexer key (132 B)
 constexpr std::int64_t kBlockPositions = 256;
 constexpr double kRotateBytes = 200e6;  // bytes passed between two uses of a cache copy
 constexpr int kMaxCopies = 256;
@@ -98,12 +100,19 @@ struct SyntheticGroup {
       std::uint8_t* page = host.data() + p * page_bytes;
       for (std::int64_t e = 0; e < entries_per_block; ++e) {
         std::uint8_t* d = page + e * data_bytes;
+        const bool fp8_index = data_bytes == kIndexFp8Data;  // e4m3 codes and one fp32 scale
         for (std::int64_t b = 0; b < data_bytes; ++b) {
           const bool main_kv = data_bytes == kMainEntryData, rope = main_kv && b >= kNope;
-          d[b] = static_cast<std::uint8_t>(!main_kv ? any(rng) : !rope ? code(rng) : (b - kNope) % 2 == 0 ? any(rng) : rope_hi(rng));
+          const int v = fp8_index ? code(rng) | (any(rng) & 0x80) : !main_kv ? any(rng) : !rope ? code(rng) : (b - kNope) % 2 == 0 ? any(rng) : rope_hi(rng);
+          d[b] = static_cast<std::uint8_t>(v);
         }
         std::uint8_t* sc = page + entries_per_block * data_bytes + e * scale_bytes;
-        for (std::int64_t b = 0; b < scale_bytes; ++b) sc[b] = static_cast<std::uint8_t>(scale(rng));
+        if (fp8_index) {
+          const float f = std::ldexp(1.0f, scale(rng) - 127 - 6);
+          std::memcpy(sc, &f, 4);
+        } else {
+          for (std::int64_t b = 0; b < scale_bytes; ++b) sc[b] = static_cast<std::uint8_t>(scale(rng));
+        }
       }
     }
     for (std::int64_t p = 0; p < n_blocks; p += kTemplatePages) {
@@ -351,25 +360,48 @@ void bench_prefill(int reps, const Ceilings& c) {
 }
 
 // Indexer scores (+ top-512) of `seqs` sequences of one query each at position ctx - 1 against
-// the FP4 indexer cache.
-void bench_indexer_case(const char* label, std::int64_t seqs, std::int64_t ctx, int reps, const Ceilings& c) {
+// the FP4 (68 B) or FP8 (132 B) indexer cache. The queries are FP4-simulated, as indexer_query
+// leaves them (random e2m1 codes under block scales 2^-3..2^0).
+void bench_indexer_case(const char* label, gpu::IndexerFormat format, std::int64_t seqs, std::int64_t ctx, int reps,
+                        const Ceilings& c) {
   gpu::Stream stream;
   const gpu_stream_t st = stream.handle();
   constexpr std::int64_t kHeads = 64, kHeadDim = 128, kTop = 512;
+  const std::int64_t data = format == gpu::IndexerFormat::kFp4 ? kIndexData : kIndexFp8Data;
   const std::int64_t entries = ctx / 4, epb = kBlockPositions / 4, blocks = (entries + epb - 1) / epb;
-  const double bytes = static_cast<double>(seqs * entries * (kIndexData + kIndexScales));
+  const double bytes = static_cast<double>(seqs * entries * (data + kIndexScales));
   const double flops = 2.0 * static_cast<double>(seqs * entries * kHeads * kHeadDim);
   const gpu::DeviceInfo info = gpu::device_info();
   const double room = std::min(60e9, static_cast<double>(info.free_bytes) - 8e9);
-  const int copies = copies_for(bytes, room, static_cast<double>(seqs * blocks * epb * (kIndexData + kIndexScales)));
-  SyntheticGroup keys(seqs * copies, blocks, 0, epb, kIndexData, kIndexScales, 0x5eed0e01, stream);
+  const int copies = copies_for(bytes, room, static_cast<double>(seqs * blocks * epb * (data + kIndexScales)));
+  SyntheticGroup keys(seqs * copies, blocks, 0, epb, data, kIndexScales, 0x5eed0e01, stream);
   std::vector<std::int32_t> pos(static_cast<std::size_t>(seqs), static_cast<std::int32_t>(ctx - 1)), seq_of(pos.size());
   std::iota(seq_of.begin(), seq_of.end(), 0);
   SyntheticSteps steps(pos, seq_of, seqs, copies, {&keys.group}, stream);
   DeviceBuffer q(static_cast<std::size_t>(seqs * kHeads * kHeadDim * 2)), w(static_cast<std::size_t>(seqs * kHeads * 2)),
       scores(static_cast<std::size_t>(seqs * entries * 4)), top(static_cast<std::size_t>(seqs * kTop * 4)),
-      count(static_cast<std::size_t>(seqs * 4));
-  gpu::fill_uniform_bf16(q.as<std::uint16_t>(), seqs * kHeads * kHeadDim, 0x5eed0e02, -1.0f, 1.0f, st);
+      count(static_cast<std::size_t>(seqs * 4)),
+      q_work(static_cast<std::size_t>(gpu::indexer_q_work_bytes(seqs))),
+      top_work(static_cast<std::size_t>(std::max<std::int64_t>(
+          1, 4 * gpu::indexer_top_k_work_ints(seqs, gpu::indexer_top_k_segments(seqs, entries, gpu::device_info().sm_count)))));
+  {
+    std::mt19937_64 rng(0x5eed0e02);
+    std::uniform_int_distribution<int> nib(0, 15), block_exp(-3, 0);
+    std::vector<std::uint16_t> host(static_cast<std::size_t>(seqs * kHeads * kHeadDim));
+    for (std::size_t b = 0; b < host.size(); b += 32) {
+      const int e = block_exp(rng);
+      for (std::size_t v = b; v < b + 32; ++v) {
+        const int code = nib(rng), mag = code & 7;
+        const float m = mag < 2 ? 0.5f * static_cast<float>(mag) : std::ldexp(1.0f + 0.5f * static_cast<float>(mag & 1), (mag >> 1) - 1);
+        const float x = std::ldexp((code & 8) ? -m : m, e);
+        std::uint32_t u;
+        std::memcpy(&u, &x, 4);
+        host[v] = static_cast<std::uint16_t>(u >> 16);  // exact: two significant bits
+      }
+    }
+    gpu::copy_to_device(q.data(), host.data(), host.size() * 2, stream);
+    stream.synchronize();
+  }
   gpu::fill_uniform_bf16(w.as<std::uint16_t>(), seqs * kHeads, 0x5eed0e03, -1.0f, 1.0f, st);
   gpu::IndexerArgs a;
   a.capacity = static_cast<std::int32_t>(seqs);
@@ -377,7 +409,9 @@ void bench_indexer_case(const char* label, std::int64_t seqs, std::int64_t ctx, 
   a.q = q.as<std::uint16_t>();
   a.weights = w.as<std::uint16_t>();
   a.key_group = 0;
-  a.format = gpu::IndexerFormat::kFp4;
+  a.format = format;
+  a.q_work = q_work.as<std::uint8_t>();
+  a.top_k_work = top_work.as<std::int32_t>();
   a.scores = scores.as<float>();
   a.max_entries = entries;
   a.top_k = static_cast<std::int32_t>(kTop);
@@ -403,11 +437,13 @@ void bench_indexer_case(const char* label, std::int64_t seqs, std::int64_t ctx, 
 }
 
 void bench_indexer(int reps, const Ceilings& c) {
-  fmt::print("Indexer: 64 heads x 128, FP4 keys (68 B), top-512; scores alone, top-k alone, both (median of {} runs)\n\n", reps);
+  fmt::print("Indexer: 64 heads x 128, FP4 (68 B) and FP8 (132 B) keys, top-512; scores alone, top-k alone, both (median of {} runs)\n\n", reps);
   fmt::print("| case | queries | copies | scores (us) | scores GB/s | of HBM | TFLOP/s | top-512 (us) | scores + top-512 (us) |\n");
   fmt::print("|---|---|---|---|---|---|---|---|---|\n");
-  bench_indexer_case("1M tokens (262,144 entries)", 1, 1 << 20, reps, c);
-  bench_indexer_case("128K context, batch 64", 64, 1 << 17, reps, c);
+  bench_indexer_case("FP4, 1M tokens (262,144 entries)", gpu::IndexerFormat::kFp4, 1, 1 << 20, reps, c);
+  bench_indexer_case("FP4, 128K context, batch 64", gpu::IndexerFormat::kFp4, 64, 1 << 17, reps, c);
+  bench_indexer_case("FP8, 1M tokens (262,144 entries)", gpu::IndexerFormat::kFp8, 1, 1 << 20, reps, c);
+  bench_indexer_case("FP8, 128K context, batch 64", gpu::IndexerFormat::kFp8, 64, 1 << 17, reps, c);
   fmt::print("\n");
 }
 

@@ -169,4 +169,4 @@ grep -h '^| .* | 1 | \|^| .* | 4096 | \|^HBM\|^mma' "$logs/bench_gemm.log" 2>/de
 grep -h -m 1 '^| shape | tokens' "$logs/bench_moe.log" 2>/dev/null
 grep -h '^| V4-' "$logs/bench_moe.log" 2>/dev/null
 grep -h '^| torch' "$logs/torch_floor.log" 2>/dev/null
-grep -h '^| V4-\|^| h[0-9]\|^| 1M\|^| 128K' "$logs/bench_attention.log" 2>/dev/null
+grep -h '^| V4-\|^| h[0-9]\|^| FP[48], ' "$logs/bench_attention.log" 2>/dev/null

@@ -80,13 +80,13 @@ struct CudaExecutor::Scratch {
   std::uint16_t *h0 = nullptr, *h1 = nullptr, *x = nullptr, *qa = nullptr, *qr = nullptr, *q = nullptr, *kv = nullptr;
   std::uint16_t *iq = nullptr, *iw = nullptr, *o = nullptr, *z = nullptr, *attn_out = nullptr, *ffn_out = nullptr;
   std::uint16_t *gu = nullptr, *y = nullptr, *gus = nullptr, *ys = nullptr, *head_y = nullptr;
-  std::uint8_t *xq = nullptr, *qrq = nullptr, *zq = nullptr, *hq = nullptr, *hsq = nullptr;
+  std::uint8_t *xq = nullptr, *qrq = nullptr, *index_q_work = nullptr, *zq = nullptr, *hq = nullptr, *hsq = nullptr;
   float *xs = nullptr, *qrs = nullptr, *zs = nullptr, *hs = nullptr, *hss = nullptr;
   float *post = nullptr, *comb = nullptr, *state_main = nullptr, *state_index = nullptr, *scores = nullptr;
   float *gate_logits = nullptr, *route_w = nullptr, *slot_w = nullptr, *part_acc = nullptr, *part_ml = nullptr;
   float* logits = nullptr;
   float* hc_scratch = nullptr;
-  std::int32_t *top_idx = nullptr, *top_count = nullptr, *route_e = nullptr, *source_row = nullptr, *slot_of = nullptr;
+  std::int32_t *top_idx = nullptr, *top_count = nullptr, *top_k_work = nullptr, *route_e = nullptr, *source_row = nullptr, *slot_of = nullptr;
   std::int32_t *tile_expert = nullptr, *tile_row0 = nullptr, *tile_rows = nullptr, *num_tiles = nullptr, *num_rows = nullptr;
   // MTP block inputs
   std::uint16_t *mtp_h0 = nullptr, *mtp_h1 = nullptr, *mtp_hn = nullptr, *mtp_hp = nullptr, *mtp_e = nullptr,
@@ -96,7 +96,8 @@ struct CudaExecutor::Scratch {
   std::int64_t max_tokens = 0, logits_rows = 0, index_chunk = 0, max_entries = 0, max_tiles = 0;
 
   // Lays the buffers out for `limits` (base null: sizing only); returns the bytes.
-  std::int64_t layout(const ModelConfig& c, const StepLimits& limits, const CudaOptions& options, std::uint8_t* base) {
+  std::int64_t layout(const ModelConfig& c, const StepLimits& limits, const CudaOptions& options, int sm_count,
+                      std::uint8_t* base) {
     Carver k(base);
     const std::int64_t T = std::max<std::int64_t>(limits.max_tokens, 1);
     const std::int64_t D = c.hidden_size, hc = c.hc_mult, H = c.num_attention_heads, ql = c.q_lora_rank;
@@ -133,6 +134,12 @@ struct CudaExecutor::Scratch {
       scores = k.take<float>(index_chunk * max_entries);
       top_idx = k.take<std::int32_t>(T * c.index_topk);
       top_count = k.take<std::int32_t>(T);
+      // top-k workspace for the largest need of any call size (fewer tokens, more segments)
+      std::int64_t work = 0;
+      for (std::int64_t n = 1; n <= index_chunk; ++n)
+        work = std::max(work, indexer_top_k_work_ints(n, indexer_top_k_segments(n, max_entries, sm_count)));
+      top_k_work = k.take<std::int32_t>(std::max<std::int64_t>(work, 1));
+      index_q_work = k.take<std::uint8_t>(indexer_q_work_bytes(index_chunk));
     }
     o = k.take<std::uint16_t>(T * H * 512);
     part_acc = k.take<float>(kPartialTokens * H * 512);
@@ -256,7 +263,7 @@ std::unique_ptr<CudaExecutor> CudaExecutor::dummy(const ModelConfig& config, con
 
 std::int64_t CudaExecutor::scratch_bytes(const StepLimits& limits) const {
   Scratch s;
-  return s.layout(config_, limits, options_, nullptr);
+  return s.layout(config_, limits, options_, device_.sm_count, nullptr);
 }
 
 std::int64_t CudaExecutor::cache_budget_bytes(const StepLimits& limits) const {
@@ -299,9 +306,9 @@ void CudaExecutor::allocate(std::span<const std::int64_t> pages_per_bucket, cons
     fill_bytes(page_tables_.back().data(), 0xff, page_tables_.back().size(), stream_);
   }
   scratch_ = std::make_unique<Scratch>();
-  const std::int64_t bytes = scratch_->layout(config_, limits_, options_, nullptr);
+  const std::int64_t bytes = scratch_->layout(config_, limits_, options_, device_.sm_count, nullptr);
   scratch_->memory = DeviceBuffer(static_cast<std::size_t>(bytes));
-  scratch_->layout(config_, limits_, options_, scratch_->memory.as<std::uint8_t>());
+  scratch_->layout(config_, limits_, options_, device_.sm_count, scratch_->memory.as<std::uint8_t>());
   logits_host_ = PinnedBuffer(static_cast<std::size_t>(scratch_->logits_rows * config_.vocab_size) * sizeof(float));
   graphs_.clear();
   warm_buckets_.clear();
@@ -744,6 +751,8 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
       part.scores = s.scores;
       part.top_idx = s.top_idx + static_cast<std::int64_t>(t0) * c.index_topk;
       part.top_count = s.top_count + t0;
+      part.top_k_work = s.top_k_work;
+      part.q_work = s.index_q_work;
       indexer_scores(part, st);
       indexer_top_k(part, st);
       if (taps != nullptr) {

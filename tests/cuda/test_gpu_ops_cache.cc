@@ -379,8 +379,9 @@ TEST(GpuOpsCache, IndexerTopKTies) {
   auto step = simple_step(ids, positions);
   std::int64_t max_n = 0;
   for (std::int32_t p : positions) max_n = std::max<std::int64_t>(max_n, (p + 1) / 4);
-  // Rows of an odd length (the kernel's scalar loads) and rows padded to 4 (its 16-byte loads).
-  for (const bool padded : {false, true}) {
+  // Rows of an odd length (the kernel's scalar loads) and rows padded to 4 (its 16-byte loads);
+  // one CTA a token, and rows split into segments (a segment may hold no entry of a short row).
+  for (const auto& [padded, segments] : {std::pair{false, 1}, std::pair{true, 1}, std::pair{false, 3}, std::pair{true, 7}}) {
     const std::int64_t max_entries = padded ? (max_n + 3) / 4 * 4 + 4 : max_n + 3;
     std::mt19937_64 rng(seed_of({41, k}));
     std::vector<float> scores(static_cast<std::size_t>(T * max_entries), std::nanf(""));
@@ -399,6 +400,7 @@ TEST(GpuOpsCache, IndexerTopKTies) {
     }
     DevArray<float> ds(scores);
     DevArray<std::int32_t> idx(static_cast<std::size_t>(T * k)), count(static_cast<std::size_t>(T));
+    DevArray<std::int32_t> work(static_cast<std::size_t>(std::max<std::int64_t>(1, gpu::indexer_top_k_work_ints(T, segments))));
     gpu::IndexerArgs a;
     a.step = step->get();
     a.capacity = static_cast<std::int32_t>(T);
@@ -407,6 +409,8 @@ TEST(GpuOpsCache, IndexerTopKTies) {
     a.top_k = k;
     a.top_idx = idx.get();
     a.top_count = count.get();
+    a.top_k_segments = segments;
+    a.top_k_work = work.get();
     gpu::indexer_top_k(a, st());
     const auto gi = idx.download();
     const auto gc = count.download();
@@ -431,7 +435,7 @@ TEST(GpuOpsCache, IndexerTopKTies) {
     }
     EXPECT_EQ(bad_counts, 0);
     EXPECT_EQ(unsorted, 0);
-    report_line("indexer_top_k", fmt::format("k {} n 1..{} ({} tokens, ties, NaN, +-0, -inf; rows {})", k, max_n, T, padded ? "padded to 4" : "of odd length"), "-", "-",
+    report_line("indexer_top_k", fmt::format("k {} n 1..{} ({} tokens, ties, NaN, +-0, -inf; rows {}; {} segment(s))", k, max_n, T, padded ? "padded to 4" : "of odd length", segments), "-", "-",
                 fmt::format("{} sets differ", bad_sets), fmt::format("exact sets vs top_k_indices; counts wrong {}, unsorted {}", bad_counts, unsorted));
   }
 }
@@ -475,12 +479,27 @@ TEST(GpuOpsCache, IndexerScoresAndTopK) {
             const std::int32_t slot = table_slot(plan.view, kgroup, kg, r, j);
             ASSERT_GE(slot, 0);
             std::vector<float> key = bf16_activations(kIdxDim, 1.0f, rng);
+            // FP4 / FP8: some keys whose FP4 block scales span more than the e4m3 folding holds
+            // (a block 2^-20 down: the exact path), some with a block of zeros (its scale is
+            // ignored). (Not for bf16 keys: the bf16 kernel's tensor-core sums lose such tiny
+            // terms beyond the sum-order bound.)
+            const bool wide = idt != IndexerCacheDtype::kBf16;
+            if (wide && j % 200 == 103)  // (most blocks of 64 entries have none: both paths run)
+              for (int c = 32; c < 64; ++c) key[static_cast<std::size_t>(c)] = round_to_bf16(key[static_cast<std::size_t>(c)] * 0x1p-20f);
+            if (wide && j % 11 == 5)
+              for (int c = 64; c < 96; ++c) key[static_cast<std::size_t>(c)] = 0.0f;
             encode_indexer_key(key, idt, hz.host_entry(kg, slot, lslot, false), hz.host_entry(kg, slot, lslot, true));
           }
         }
         hz.upload_pools();
         // Queries as indexer_query leaves them (FP4-simulated bf16 values), weights (bf16, unscaled).
         std::vector<float> q = bf16_activations(static_cast<std::size_t>(T * H * kIdxDim), 1.0f, rng);
+        // The next-to-last token's head 0 spans more binades than e4m3 holds under one scale: that
+        // token takes the exact path on the FP8 tensor-core kernel (FP4 / FP8 keys, as above).
+        for (int c = 64; c < 96 && idt != IndexerCacheDtype::kBf16; ++c) {
+          float& v = q[static_cast<std::size_t>((T - 2) * H * kIdxDim + c)];
+          v = round_to_bf16(v * 0x1p-24f);
+        }
         simulate_quant_blocks(q, kIndexerFp4Block, QuantFormat::kFp4E2m1);
         std::vector<float> w = bf16_activations(static_cast<std::size_t>(T * H), 1.0f, rng);
         DevArray<std::uint16_t> dq(to_bf16(q)), dw(to_bf16(w));
@@ -491,6 +510,8 @@ TEST(GpuOpsCache, IndexerScoresAndTopK) {
         // The second call's grid covers 2 rows past the step's tokens (a graph bucket): they stay untouched.
         DevArray<float> scores(static_cast<std::size_t>((T + 2) * max_entries));
         DevArray<std::int32_t> idx(static_cast<std::size_t>((T + 2) * top_k)), cnt(static_cast<std::size_t>(T + 2));
+        DevArray<std::int32_t> work(static_cast<std::size_t>(gpu::indexer_top_k_work_ints(T + 2, 4)));
+        DevArray<std::uint8_t> q_work(static_cast<std::size_t>(gpu::indexer_q_work_bytes(T + 2)));
         for (int part = 0; part < 2; ++part) {
           gpu::IndexerArgs a;
           a.step = step->get();
@@ -508,6 +529,9 @@ TEST(GpuOpsCache, IndexerScoresAndTopK) {
           a.top_idx = idx.get() + static_cast<std::int64_t>(a.token0) * top_k;
           a.top_count = cnt.get() + a.token0;
           a.ctas_per_token = part == 0 ? 1 : 0;  // one CTA walking every tile of its token; the grid's choice
+          a.top_k_segments = part == 0 ? 1 : 4;  // top-k: one CTA a token; rows in 4 segments
+          a.top_k_work = work.get();
+          a.q_work = q_work.get();  // FP4 / FP8 keys on FP8 tensor cores
           gpu::indexer_scores(a, st());
           gpu::indexer_top_k(a, st());
         }
@@ -592,7 +616,8 @@ TEST(GpuOpsCache, IndexerScoresAndTopK) {
         EXPECT_EQ(self_diff, 0) << sh << ": top-k is not the top-k of the GPU's own scores";
         EXPECT_EQ(set_diff, tie_diff) << sh << ": top-k sets differ beyond ties";
         const std::string key = fmt::format("{} heads {} T {} pos {}", idx_name(idt), H, T, positions_of(plan));
-        sweep.add("indexer_scores", key, s, "bf16 mma q.k, heads summed in a tree; <= ulp + 2^-8 mag");
+        sweep.add("indexer_scores", key, s, idt == IndexerCacheDtype::kBf16 ? "bf16 mma q.k, heads summed in a tree; <= ulp + 2^-8 mag"
+                                                                           : "e4m3 wgmma q.k (exact operands), heads summed by mma; <= ulp + 2^-8 mag");
         bool found = false;
         for (auto& [k2, v] : topk_lines)
           if (k2 == key) {

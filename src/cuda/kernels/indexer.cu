@@ -1,5 +1,6 @@
 // Lightning indexer kernels (indexer.h).
 #include "cuda/kernels/indexer.h"
+#include "cuda/kernels/indexer_scores_e4m3.h"
 
 #include <algorithm>
 #include <cmath>
@@ -300,6 +301,86 @@ __device__ __forceinline__ void load_quad(const float* sc, std::int64_t j, std::
   }
 }
 
+// Adds the quads [q_lo, q_hi) of a row of n scores to the block's shared histogram `hist`: pass 0
+// bins keys by their high byte; pass 1 bins the low byte of the keys whose high byte is `high`
+// and returns this thread's count of keys above `high`. Quads go two a thread in flight; scores
+// cluster in few bins, so the lanes of a warp that hit the same bin add once, together. Every
+// thread of the block calls it (the loop bounds are the block's).
+template <bool kVec4>
+__device__ __forceinline__ int add_to_histogram(const float* sc, std::int64_t n, std::int64_t q_lo, std::int64_t q_hi, int pass,
+                                                std::uint32_t high, int* hist) {
+  int above = 0;
+  for (std::int64_t base = q_lo; base < q_hi; base += 2 * static_cast<std::int64_t>(blockDim.x)) {
+    float v[2][4];
+    DSV4_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const std::int64_t q = base + h * blockDim.x + threadIdx.x;
+      if (q < q_hi) load_quad<kVec4>(sc, 4 * q, n, v[h]);
+      else
+        DSV4_UNROLL
+        for (int e = 0; e < 4; ++e) v[h][e] = -INFINITY;
+    }
+    DSV4_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const std::int64_t q = base + h * blockDim.x + threadIdx.x;
+      DSV4_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        int bin = -1;
+        if (q < q_hi && 4 * q + e < n) {
+          const std::uint32_t key = score_key(v[h][e]);
+          if (pass == 0) bin = static_cast<int>(key >> 8);
+          else if ((key >> 8) == high) bin = static_cast<int>(key & 0xff);
+          else above += (key >> 8) > high;
+        }
+        if (__ballot_sync(0xffffffffu, bin >= 0) == 0u) continue;  // warp-uniform
+        const unsigned peers = __match_any_sync(0xffffffffu, bin);
+        if (bin >= 0 && static_cast<int>(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+      }
+    }
+  }
+  return above;
+}
+
+// Writes the entries of quads [q_lo, q_hi) above `threshold`, and those equal to it while fewer
+// than `need` equal ones come before them, ascending from out[base]; `eq_before` equal entries
+// precede the range. Thread u takes the contiguous quads [u seg, (u + 1) seg): it counts its
+// entries above and equal to the threshold, two block scans place its selections, and it writes
+// them in order (a handful of barriers, not two per blockDim entries). Every thread calls it.
+template <bool kVec4>
+__device__ __forceinline__ void write_selected(const float* sc, std::int64_t n, std::int64_t q_lo, std::int64_t q_hi,
+                                               std::uint32_t threshold, int need, int base, int eq_before, int* warp_tot,
+                                               std::int32_t* out) {
+  const std::int64_t seg = (q_hi - q_lo + blockDim.x - 1) / blockDim.x;
+  const std::int64_t my_lo = min(q_hi, q_lo + static_cast<std::int64_t>(threadIdx.x) * seg), my_hi = min(q_hi, my_lo + seg);
+  int gt = 0, eq = 0;
+  DSV4_UNROLL_4
+  for (std::int64_t q = my_lo; q < my_hi; ++q) {
+    float v[4];
+    load_quad<kVec4>(sc, 4 * q, n, v);
+    DSV4_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const std::uint32_t key = score_key(v[e]);
+      gt += 4 * q + e < n && key > threshold;
+      eq += 4 * q + e < n && key == threshold;
+    }
+  }
+  int total = 0;
+  int eq_rank = eq_before + block_exclusive_sum(eq, warp_tot, &total);
+  const int eq_taken = max(0, min(eq, need - eq_rank));
+  int pos = base + block_exclusive_sum(gt + eq_taken, warp_tot, &total);
+  for (std::int64_t q = my_lo; q < my_hi; ++q) {
+    float v[4];
+    load_quad<kVec4>(sc, 4 * q, n, v);
+    DSV4_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const std::int64_t j = 4 * q + e;
+      const std::uint32_t key = score_key(v[e]);
+      const bool take = j < n && (key > threshold || (key == threshold && eq_rank++ < need));
+      if (take) out[pos++] = static_cast<std::int32_t>(j);
+    }
+  }
+}
+
 // One CTA per token. Entries go in quads (four scores per load, two quads in flight per thread
 // in the histogram passes) so that the passes over a long row are not bound by load latency.
 template <bool kVec4>
@@ -327,34 +408,7 @@ __global__ void __launch_bounds__(kTopThreads) top_k_kernel(IndexerArgs a) {
   for (int pass = 0; pass < 2; ++pass) {
     for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
     __syncthreads();
-    // Scores cluster in few bins: the lanes of a warp that hit the same bin add once, together.
-    for (std::int64_t base = 0; base < quads; base += 2 * static_cast<std::int64_t>(blockDim.x)) {
-      float v[2][4];
-      DSV4_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const std::int64_t q = base + h * blockDim.x + threadIdx.x;
-        if (q < quads) load_quad<kVec4>(sc, 4 * q, n, v[h]);
-        else
-          DSV4_UNROLL
-          for (int e = 0; e < 4; ++e) v[h][e] = -INFINITY;
-      }
-      DSV4_UNROLL
-      for (int h = 0; h < 2; ++h) {
-        const std::int64_t q = base + h * blockDim.x + threadIdx.x;
-        DSV4_UNROLL
-        for (int e = 0; e < 4; ++e) {
-          int bin = -1;
-          if (4 * q + e < n) {
-            const std::uint32_t key = score_key(v[h][e]);
-            if (pass == 0) bin = static_cast<int>(key >> 8);
-            else if ((key >> 8) == prefix) bin = static_cast<int>(key & 0xff);
-          }
-          if (__ballot_sync(0xffffffffu, bin >= 0) == 0u) continue;  // warp-uniform
-          const unsigned peers = __match_any_sync(0xffffffffu, bin);
-          if (bin >= 0 && static_cast<int>(threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
-        }
-      }
-    }
+    add_to_histogram<kVec4>(sc, n, 0, quads, pass, prefix, hist);
     __syncthreads();
     if (threadIdx.x == 0) {
       int above = 0, b = 255;
@@ -371,40 +425,187 @@ __global__ void __launch_bounds__(kTopThreads) top_k_kernel(IndexerArgs a) {
     __syncthreads();
   }
   const std::uint32_t threshold = prefix;  // entries above it all go; `need` of those equal, lowest index first
-  // Thread u takes the contiguous quads [u seg, (u + 1) seg): it counts its entries above and
-  // equal to the threshold, two block scans place its selections, and it writes them in order
-  // (the list comes out ascending with a handful of barriers, not two per blockDim entries).
-  const std::int64_t seg = (quads + blockDim.x - 1) / blockDim.x;
-  const std::int64_t q_lo = min(quads, static_cast<std::int64_t>(threadIdx.x) * seg), q_hi = min(quads, q_lo + seg);
-  int gt = 0, eq = 0;
-  DSV4_UNROLL_4
-  for (std::int64_t q = q_lo; q < q_hi; ++q) {
-    float v[4];
-    load_quad<kVec4>(sc, 4 * q, n, v);
-    DSV4_UNROLL
-    for (int e = 0; e < 4; ++e) {
-      const std::uint32_t key = score_key(v[e]);
-      gt += 4 * q + e < n && key > threshold;
-      eq += 4 * q + e < n && key == threshold;
-    }
-  }
-  int eq_total = 0, sel_total = 0;
-  const int eq_before = block_exclusive_sum(eq, warp_tot, &eq_total);
-  const int eq_taken = max(0, min(eq, need - eq_before));
-  int pos = block_exclusive_sum(gt + eq_taken, warp_tot, &sel_total);
-  int eq_rank = eq_before;
-  for (std::int64_t q = q_lo; q < q_hi; ++q) {
-    float v[4];
-    load_quad<kVec4>(sc, 4 * q, n, v);
-    DSV4_UNROLL
-    for (int e = 0; e < 4; ++e) {
-      const std::int64_t j = 4 * q + e;
-      const std::uint32_t key = score_key(v[e]);
-      const bool take = j < n && (key > threshold || (key == threshold && eq_rank++ < need));
-      if (take) out[pos++] = static_cast<std::int32_t>(j);
-    }
-  }
+  write_selected<kVec4>(sc, n, 0, quads, threshold, need, 0, 0, warp_tot, out);
   if (threadIdx.x == 0) a.top_count[i] = k;
+}
+
+
+// ---- top-k over several CTAs a token: long rows, few tokens --------------------------------------
+// The same radix select as top_k_kernel, its passes spread over S segments of the row (segment s:
+// quads [s seg, (s + 1) seg), seg = ceil(quads / S)) with a one-CTA-a-token step between them:
+//   hist (pass 0)  each segment's histogram of the keys' high bytes
+//   pick (pass 0)  the bin B1 holding the k-th largest key, and how many of it are still needed
+//   hist (pass 1)  each segment's histogram of the low bytes of the keys in B1, and its count of
+//                  keys above B1
+//   pick (pass 1)  the threshold T; per segment its entries above T, equal to T, where its
+//                  selections start in the list and how many entries equal to T come before it
+//   write          each segment's selections, ascending, at its place in the list
+// The workspace of a token (ints): sel[4] (B1, still needed after pass 0, T, needed of T), then
+// hist[S][256], gt[S], base[S], eq_before[S].
+constexpr int kSegThreads = 512;
+constexpr int kMaxSegments = 256;
+
+__host__ __device__ constexpr std::int64_t top_k_work_ints_per_token(int segments) {
+  return 4 + static_cast<std::int64_t>(segments) * (256 + 3);
+}
+
+struct TopKWork {
+  int* sel;
+  int* hist;       // [S][256]
+  int* gt;         // [S]
+  int* base;       // [S]
+  int* eq_before;  // [S]
+};
+
+__device__ __forceinline__ TopKWork top_k_work(const IndexerArgs& a, int i, int segments) {
+  int* w = a.top_k_work + static_cast<std::int64_t>(i) * top_k_work_ints_per_token(segments);
+  TopKWork r;
+  r.sel = w;
+  r.hist = w + 4;
+  r.gt = r.hist + segments * 256;
+  r.base = r.gt + segments;
+  r.eq_before = r.base + segments;
+  return r;
+}
+
+// The quads [lo, hi) of segment s of a row of n entries.
+__device__ __forceinline__ void segment_quads(std::int64_t n, int s, int segments, std::int64_t& lo, std::int64_t& hi) {
+  const std::int64_t quads = (n + 3) / 4, seg = (quads + segments - 1) / segments;
+  lo = min(quads, static_cast<std::int64_t>(s) * seg);
+  hi = min(quads, lo + seg);
+}
+
+// Pass 0: histogram of key >> 8 over the segment; pass 1: of key & 0xff where key >> 8 == B1,
+// and the count of keys above B1.
+template <bool kVec4, int kPass>
+__global__ void __launch_bounds__(kSegThreads) top_k_hist_kernel(IndexerArgs a) {
+  __shared__ int hist[256];
+  __shared__ int above;
+  const DeviceStep& st = *a.step;
+  const int i = blockIdx.y, s = blockIdx.x, segments = gridDim.x;
+  const int t = a.token0 + i;
+  if (t >= st.n_tokens) return;
+  const std::int64_t n = (static_cast<std::int64_t>(st.positions[t]) + 1) / 4;
+  if (n <= a.top_k) return;
+  const TopKWork w = top_k_work(a, i, segments);
+  const std::uint32_t b1 = kPass == 1 ? static_cast<std::uint32_t>(w.sel[0]) : 0u;
+  const float* sc = a.scores + static_cast<std::int64_t>(i) * a.max_entries;
+  for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+  if (threadIdx.x == 0) above = 0;
+  __syncthreads();
+  std::int64_t q_lo, q_hi;
+  segment_quads(n, s, segments, q_lo, q_hi);
+  int my_above = add_to_histogram<kVec4>(sc, n, q_lo, q_hi, kPass, b1, hist);
+  if (kPass == 1) {
+    my_above = __reduce_add_sync(0xffffffffu, my_above);
+    if ((threadIdx.x & 31) == 0 && my_above > 0) atomicAdd(&above, my_above);
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < 256; b += blockDim.x) w.hist[s * 256 + b] = hist[b];
+  if (kPass == 1 && threadIdx.x == 0) w.gt[s] = above;
+}
+
+// One CTA of 1024 threads a token: the segments' histograms summed (four threads a bin, each
+// over a quarter of the segments, their loads in flight together), and the bin of the k-th
+// largest key picked (thread b < 256 holds bin 255 - b, so the exclusive prefix is the count above).
+constexpr int kPickThreads = 1024;
+template <int kPass>
+__global__ void __launch_bounds__(kPickThreads) top_k_pick_kernel(IndexerArgs a, int segments) {
+  __shared__ int warp_tot[32];
+  __shared__ int pick[2];
+  __shared__ int partial[4][256];
+  __shared__ int seg_gt[kMaxSegments], seg_eq[kMaxSegments];
+  const DeviceStep& st = *a.step;
+  const int i = blockIdx.x;
+  const int t = a.token0 + i;
+  if (t >= st.n_tokens) return;
+  const std::int64_t n = (static_cast<std::int64_t>(st.positions[t]) + 1) / 4;
+  if (n <= a.top_k) {
+    if (kPass == 1 && threadIdx.x == 0) a.top_count[i] = static_cast<std::int32_t>(n);
+    return;
+  }
+  const TopKWork w = top_k_work(a, i, segments);
+  const int need = kPass == 0 ? a.top_k : w.sel[1];
+  const int tid = static_cast<int>(threadIdx.x), part = tid / 256, bin = 255 - tid % 256;
+  int part_sum = 0;
+  DSV4_UNROLL_8
+  for (int s = part; s < segments; s += 4) part_sum += w.hist[s * 256 + bin];
+  partial[part][255 - bin] = part_sum;
+  if (tid == 0) {  // (the barriers of block_exclusive_sum order this before the pick)
+    pick[0] = 0;
+    pick[1] = need;
+  }
+  __syncthreads();
+  const int count = tid < 256 ? (partial[0][tid] + partial[1][tid]) + (partial[2][tid] + partial[3][tid]) : 0;
+  int total = 0;
+  const int above = block_exclusive_sum(count, warp_tot, &total);
+  if (tid < 256 && above < need && above + count >= need) {
+    pick[0] = bin;
+    pick[1] = need - above;
+  }
+  __syncthreads();
+  if (kPass == 0) {
+    if (tid == 0) {
+      w.sel[0] = pick[0];
+      w.sel[1] = pick[1];
+    }
+    return;
+  }
+  const int b2 = pick[0], need_eq = pick[1];
+  // Per segment (a warp each): entries above T (above B1, or in B1 above B2) and equal to T.
+  const int warp = tid >> 5, lane = tid & 31;
+  for (int s = warp; s < segments; s += kPickThreads / 32) {
+    int gt = 0;
+    DSV4_UNROLL
+    for (int u = 0; u < 8; ++u) {
+      const int b = lane * 8 + u;
+      if (b > b2) gt += w.hist[s * 256 + b];
+    }
+    gt = __reduce_add_sync(0xffffffffu, gt);
+    if (lane == 0) {
+      seg_gt[s] = gt + w.gt[s];
+      seg_eq[s] = w.hist[s * 256 + b2];
+    }
+  }
+  __syncthreads();
+  const int s = tid;
+  const int eq = s < segments ? seg_eq[s] : 0;
+  const int eq_before = block_exclusive_sum(eq, warp_tot, &total);
+  const int taken = s < segments ? seg_gt[s] + max(0, min(eq, need_eq - eq_before)) : 0;
+  const int base = block_exclusive_sum(taken, warp_tot, &total);
+  if (s < segments) {
+    w.base[s] = base;
+    w.eq_before[s] = eq_before;
+  }
+  if (tid == 0) {
+    w.sel[2] = static_cast<int>((static_cast<std::uint32_t>(w.sel[0]) << 8) | static_cast<std::uint32_t>(b2));
+    w.sel[3] = need_eq;
+    a.top_count[i] = a.top_k;
+  }
+}
+
+// Each segment's selections in ascending order at its place in the list (rows of n <= k: every
+// entry of the segment).
+template <bool kVec4>
+__global__ void __launch_bounds__(kSegThreads) top_k_write_kernel(IndexerArgs a) {
+  __shared__ int warp_tot[32];
+  const DeviceStep& st = *a.step;
+  const int i = blockIdx.y, s = blockIdx.x, segments = gridDim.x;
+  const int t = a.token0 + i;
+  if (t >= st.n_tokens) return;
+  const std::int64_t n = (static_cast<std::int64_t>(st.positions[t]) + 1) / 4;
+  std::int32_t* out = a.top_idx + static_cast<std::int64_t>(i) * a.top_k;
+  std::int64_t q_lo, q_hi;
+  segment_quads(n, s, segments, q_lo, q_hi);
+  if (n <= a.top_k) {
+    for (std::int64_t j = 4 * q_lo + threadIdx.x; j < min(n, 4 * q_hi); j += blockDim.x) out[j] = static_cast<std::int32_t>(j);
+    return;
+  }
+  const TopKWork w = top_k_work(a, i, segments);
+  const std::uint32_t threshold = static_cast<std::uint32_t>(w.sel[2]);
+  const int need = w.sel[3];
+  const float* sc = a.scores + static_cast<std::int64_t>(i) * a.max_entries;
+  write_selected<kVec4>(sc, n, q_lo, q_hi, threshold, need, w.base[s], w.eq_before[s], warp_tot, out);
 }
 
 }  // namespace
@@ -423,6 +624,10 @@ void indexer_scores(const IndexerArgs& args, gpu_stream_t stream) {
   // indexer_weight_scale: the product taken in double, then fp32.
   const float weight_scale =
       static_cast<float>(std::pow(static_cast<double>(kDim), -0.5) * std::pow(static_cast<double>(args.heads), -0.5));
+  if (args.q_work != nullptr && args.format != IndexerFormat::kBf16) {
+    indexer_scores_e4m3(args, weight_scale, stream);
+    return;
+  }
   // CTAs per token: about 8 per SM over the call's tokens, at most one per tile; each takes every
   // gridDim.x-th tile of its token.
   const std::int64_t max_tiles = (args.max_entries + kTile - 1) / kTile;
@@ -435,12 +640,40 @@ void indexer_scores(const IndexerArgs& args, gpu_stream_t stream) {
          weight_scale);
 }
 
+std::int32_t indexer_top_k_segments(std::int64_t capacity, std::int64_t max_entries, std::int32_t sm_count) {
+  if (capacity <= 0 || max_entries <= 0) return 1;
+  // About two CTAs a SM over the call's tokens, segments of at least 2048 entries.
+  const std::int64_t want = (2 * static_cast<std::int64_t>(std::max(sm_count, 1)) + capacity - 1) / capacity;
+  return static_cast<std::int32_t>(std::clamp<std::int64_t>(std::min(want, (max_entries + 2047) / 2048), 1, kMaxSegments));
+}
+
+std::int64_t indexer_top_k_work_ints(std::int64_t capacity, std::int32_t segments) {
+  return segments <= 1 ? 0 : std::max<std::int64_t>(capacity, 0) * top_k_work_ints_per_token(segments);
+}
+
 void indexer_top_k(const IndexerArgs& args, gpu_stream_t stream) {
   if (args.capacity <= 0) return;
+  if (args.capacity > 65535) launch_error("GPU indexer top-k: {} tokens in one call (at most 65535)", {args.capacity});
   // 16-byte loads where every row starts 16-byte aligned (the executor pads rows to 4 scores).
   const bool vec4 = reinterpret_cast<std::uintptr_t>(args.scores) % 16 == 0 && args.max_entries % 4 == 0;
-  if (vec4) launch(top_k_kernel<true>, dim3(static_cast<unsigned>(args.capacity)), dim3(kTopThreads), 0, stream, args);
-  else launch(top_k_kernel<false>, dim3(static_cast<unsigned>(args.capacity)), dim3(kTopThreads), 0, stream, args);
+  const std::int32_t segments = args.top_k_segments > 0 ? args.top_k_segments
+                                                         : indexer_top_k_segments(args.capacity, args.max_entries, args.sm_count);
+  if (segments <= 1 || args.top_k_work == nullptr) {
+    if (vec4) launch(top_k_kernel<true>, dim3(static_cast<unsigned>(args.capacity)), dim3(kTopThreads), 0, stream, args);
+    else launch(top_k_kernel<false>, dim3(static_cast<unsigned>(args.capacity)), dim3(kTopThreads), 0, stream, args);
+    return;
+  }
+  if (segments > kMaxSegments) launch_error("GPU indexer top-k: {} segments a token (at most {})", {segments, kMaxSegments});
+  const dim3 grid(static_cast<unsigned>(segments), static_cast<unsigned>(args.capacity));
+  const dim3 tokens(static_cast<unsigned>(args.capacity));
+  if (vec4) launch(top_k_hist_kernel<true, 0>, grid, dim3(kSegThreads), 0, stream, args);
+  else launch(top_k_hist_kernel<false, 0>, grid, dim3(kSegThreads), 0, stream, args);
+  launch(top_k_pick_kernel<0>, tokens, dim3(kPickThreads), 0, stream, args, segments);
+  if (vec4) launch(top_k_hist_kernel<true, 1>, grid, dim3(kSegThreads), 0, stream, args);
+  else launch(top_k_hist_kernel<false, 1>, grid, dim3(kSegThreads), 0, stream, args);
+  launch(top_k_pick_kernel<1>, tokens, dim3(kPickThreads), 0, stream, args, segments);
+  if (vec4) launch(top_k_write_kernel<true>, grid, dim3(kSegThreads), 0, stream, args);
+  else launch(top_k_write_kernel<false>, grid, dim3(kSegThreads), 0, stream, args);
 }
 
 }  // namespace dsv4::gpu
