@@ -432,39 +432,38 @@ __global__ void __launch_bounds__(kTopThreads) top_k_kernel(IndexerArgs a) {
 
 // ---- top-k over several CTAs a token: long rows, few tokens --------------------------------------
 // The same radix select as top_k_kernel, its passes spread over S segments of the row (segment s:
-// quads [s seg, (s + 1) seg), seg = ceil(quads / S)) with a one-CTA-a-token step between them:
-//   hist (pass 0)  each segment's histogram of the keys' high bytes
-//   pick (pass 0)  the bin B1 holding the k-th largest key, and how many of it are still needed
-//   hist (pass 1)  each segment's histogram of the low bytes of the keys in B1, and its count of
-//                  keys above B1
-//   pick (pass 1)  the threshold T; per segment its entries above T, equal to T, where its
-//                  selections start in the list and how many entries equal to T come before it
-//   write          each segment's selections, ascending, at its place in the list
-// The workspace of a token (ints): sel[4] (B1, still needed after pass 0, T, needed of T), then
-// hist[S][256], gt[S], base[S], eq_before[S].
+// quads [s seg, (s + 1) seg), seg = ceil(quads / S)), three kernels of S CTAs a token:
+//   hist0   each segment's histogram of the keys' high bytes
+//   hist1   every CTA sums the segments' hist0 and picks the bin B1 holding the k-th largest key
+//           (and how many of it are still needed); each segment's histogram of the low bytes of
+//           its keys in B1, and its count of keys above B1
+//   write   every CTA sums the segments' hist1 and picks the threshold T (and how many entries
+//           equal to T to take); from the earlier segments' counts above and equal to T, where
+//           its selections start in the list; its selections, ascending, at that place
+// (Each CTA repeats the one-CTA pick: S x 256 counts read from L2, instead of a launch.)
+// The workspace of a token (ints): sel[4] (B1, still needed after pass 0), hist0[S][256],
+// hist1[S][256], above[S] (keys above B1).
 constexpr int kSegThreads = 512;
 constexpr int kMaxSegments = 256;
 
 __host__ __device__ constexpr std::int64_t top_k_work_ints_per_token(int segments) {
-  return 4 + static_cast<std::int64_t>(segments) * (256 + 3);
+  return 4 + static_cast<std::int64_t>(segments) * (2 * 256 + 1);
 }
 
 struct TopKWork {
   int* sel;
-  int* hist;       // [S][256]
-  int* gt;         // [S]
-  int* base;       // [S]
-  int* eq_before;  // [S]
+  int* hist0;  // [S][256]
+  int* hist1;  // [S][256]
+  int* above;  // [S]
 };
 
 __device__ __forceinline__ TopKWork top_k_work(const IndexerArgs& a, int i, int segments) {
   int* w = a.top_k_work + static_cast<std::int64_t>(i) * top_k_work_ints_per_token(segments);
   TopKWork r;
   r.sel = w;
-  r.hist = w + 4;
-  r.gt = r.hist + segments * 256;
-  r.base = r.gt + segments;
-  r.eq_before = r.base + segments;
+  r.hist0 = w + 4;
+  r.hist1 = r.hist0 + segments * 256;
+  r.above = r.hist1 + segments * 256;
   return r;
 }
 
@@ -475,12 +474,39 @@ __device__ __forceinline__ void segment_quads(std::int64_t n, int s, int segment
   hi = min(quads, lo + seg);
 }
 
-// Pass 0: histogram of key >> 8 over the segment; pass 1: of key & 0xff where key >> 8 == B1,
-// and the count of keys above B1.
+// The bin of the `need`-th largest key of the summed segment histograms hist[S][256] and how
+// many of that bin are still needed, in pick[0..1]. Every thread of the block (kSegThreads)
+// calls it; thread b < 256 holds bin 255 - b, so the exclusive prefix is the count above.
+__device__ __forceinline__ void pick_bin(const int* hist, int segments, int need, int (*partial)[256], int* warp_tot,
+                                         int* pick) {
+  const int tid = static_cast<int>(threadIdx.x), part = tid / 256, bin = 255 - tid % 256;
+  int part_sum = 0;
+  DSV4_UNROLL_8
+  for (int s = part; s < segments; s += 2) part_sum += hist[s * 256 + bin];
+  partial[part][tid % 256] = part_sum;
+  if (tid == 0) {  // (the barriers of block_exclusive_sum order this before the pick)
+    pick[0] = 0;
+    pick[1] = need;
+  }
+  __syncthreads();
+  const int count = tid < 256 ? partial[0][tid] + partial[1][tid] : 0;
+  int total = 0;
+  const int above = block_exclusive_sum(count, warp_tot, &total);
+  if (tid < 256 && above < need && above + count >= need) {
+    pick[0] = bin;
+    pick[1] = need - above;
+  }
+  __syncthreads();
+}
+
+// hist0 (kPass 0) and hist1 (kPass 1) of segment blockIdx.x.
 template <bool kVec4, int kPass>
 __global__ void __launch_bounds__(kSegThreads) top_k_hist_kernel(IndexerArgs a) {
   __shared__ int hist[256];
   __shared__ int above;
+  __shared__ int warp_tot[32];
+  __shared__ int pick[2];
+  __shared__ int partial[2][256];
   const DeviceStep& st = *a.step;
   const int i = blockIdx.y, s = blockIdx.x, segments = gridDim.x;
   const int t = a.token0 + i;
@@ -488,7 +514,15 @@ __global__ void __launch_bounds__(kSegThreads) top_k_hist_kernel(IndexerArgs a) 
   const std::int64_t n = (static_cast<std::int64_t>(st.positions[t]) + 1) / 4;
   if (n <= a.top_k) return;
   const TopKWork w = top_k_work(a, i, segments);
-  const std::uint32_t b1 = kPass == 1 ? static_cast<std::uint32_t>(w.sel[0]) : 0u;
+  std::uint32_t b1 = 0;
+  if (kPass == 1) {
+    pick_bin(w.hist0, segments, a.top_k, partial, warp_tot, pick);
+    b1 = static_cast<std::uint32_t>(pick[0]);
+    if (s == 0 && threadIdx.x == 0) {
+      w.sel[0] = pick[0];
+      w.sel[1] = pick[1];
+    }
+  }
   const float* sc = a.scores + static_cast<std::int64_t>(i) * a.max_entries;
   for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
   if (threadIdx.x == 0) above = 0;
@@ -501,94 +535,20 @@ __global__ void __launch_bounds__(kSegThreads) top_k_hist_kernel(IndexerArgs a) 
     if ((threadIdx.x & 31) == 0 && my_above > 0) atomicAdd(&above, my_above);
   }
   __syncthreads();
-  for (int b = threadIdx.x; b < 256; b += blockDim.x) w.hist[s * 256 + b] = hist[b];
-  if (kPass == 1 && threadIdx.x == 0) w.gt[s] = above;
+  int* out = kPass == 0 ? w.hist0 : w.hist1;
+  for (int b = threadIdx.x; b < 256; b += blockDim.x) out[s * 256 + b] = hist[b];
+  if (kPass == 1 && threadIdx.x == 0) w.above[s] = above;
 }
 
-// One CTA of 1024 threads a token: the segments' histograms summed (four threads a bin, each
-// over a quarter of the segments, their loads in flight together), and the bin of the k-th
-// largest key picked (thread b < 256 holds bin 255 - b, so the exclusive prefix is the count above).
-constexpr int kPickThreads = 1024;
-template <int kPass>
-__global__ void __launch_bounds__(kPickThreads) top_k_pick_kernel(IndexerArgs a, int segments) {
-  __shared__ int warp_tot[32];
-  __shared__ int pick[2];
-  __shared__ int partial[4][256];
-  __shared__ int seg_gt[kMaxSegments], seg_eq[kMaxSegments];
-  const DeviceStep& st = *a.step;
-  const int i = blockIdx.x;
-  const int t = a.token0 + i;
-  if (t >= st.n_tokens) return;
-  const std::int64_t n = (static_cast<std::int64_t>(st.positions[t]) + 1) / 4;
-  if (n <= a.top_k) {
-    if (kPass == 1 && threadIdx.x == 0) a.top_count[i] = static_cast<std::int32_t>(n);
-    return;
-  }
-  const TopKWork w = top_k_work(a, i, segments);
-  const int need = kPass == 0 ? a.top_k : w.sel[1];
-  const int tid = static_cast<int>(threadIdx.x), part = tid / 256, bin = 255 - tid % 256;
-  int part_sum = 0;
-  DSV4_UNROLL_8
-  for (int s = part; s < segments; s += 4) part_sum += w.hist[s * 256 + bin];
-  partial[part][255 - bin] = part_sum;
-  if (tid == 0) {  // (the barriers of block_exclusive_sum order this before the pick)
-    pick[0] = 0;
-    pick[1] = need;
-  }
-  __syncthreads();
-  const int count = tid < 256 ? (partial[0][tid] + partial[1][tid]) + (partial[2][tid] + partial[3][tid]) : 0;
-  int total = 0;
-  const int above = block_exclusive_sum(count, warp_tot, &total);
-  if (tid < 256 && above < need && above + count >= need) {
-    pick[0] = bin;
-    pick[1] = need - above;
-  }
-  __syncthreads();
-  if (kPass == 0) {
-    if (tid == 0) {
-      w.sel[0] = pick[0];
-      w.sel[1] = pick[1];
-    }
-    return;
-  }
-  const int b2 = pick[0], need_eq = pick[1];
-  // Per segment (a warp each): entries above T (above B1, or in B1 above B2) and equal to T.
-  const int warp = tid >> 5, lane = tid & 31;
-  for (int s = warp; s < segments; s += kPickThreads / 32) {
-    int gt = 0;
-    DSV4_UNROLL
-    for (int u = 0; u < 8; ++u) {
-      const int b = lane * 8 + u;
-      if (b > b2) gt += w.hist[s * 256 + b];
-    }
-    gt = __reduce_add_sync(0xffffffffu, gt);
-    if (lane == 0) {
-      seg_gt[s] = gt + w.gt[s];
-      seg_eq[s] = w.hist[s * 256 + b2];
-    }
-  }
-  __syncthreads();
-  const int s = tid;
-  const int eq = s < segments ? seg_eq[s] : 0;
-  const int eq_before = block_exclusive_sum(eq, warp_tot, &total);
-  const int taken = s < segments ? seg_gt[s] + max(0, min(eq, need_eq - eq_before)) : 0;
-  const int base = block_exclusive_sum(taken, warp_tot, &total);
-  if (s < segments) {
-    w.base[s] = base;
-    w.eq_before[s] = eq_before;
-  }
-  if (tid == 0) {
-    w.sel[2] = static_cast<int>((static_cast<std::uint32_t>(w.sel[0]) << 8) | static_cast<std::uint32_t>(b2));
-    w.sel[3] = need_eq;
-    a.top_count[i] = a.top_k;
-  }
-}
-
-// Each segment's selections in ascending order at its place in the list (rows of n <= k: every
-// entry of the segment).
+// Segment blockIdx.x's selections in ascending order at its place in the list (rows of n <= k:
+// every entry of the segment).
 template <bool kVec4>
 __global__ void __launch_bounds__(kSegThreads) top_k_write_kernel(IndexerArgs a) {
   __shared__ int warp_tot[32];
+  __shared__ int pick[2];
+  __shared__ int partial[2][256];
+  __shared__ int seg_gt[kMaxSegments], seg_eq[kMaxSegments];
+  __shared__ int place[2];  // where segment s's selections start; equal entries before it
   const DeviceStep& st = *a.step;
   const int i = blockIdx.y, s = blockIdx.x, segments = gridDim.x;
   const int t = a.token0 + i;
@@ -599,13 +559,43 @@ __global__ void __launch_bounds__(kSegThreads) top_k_write_kernel(IndexerArgs a)
   segment_quads(n, s, segments, q_lo, q_hi);
   if (n <= a.top_k) {
     for (std::int64_t j = 4 * q_lo + threadIdx.x; j < min(n, 4 * q_hi); j += blockDim.x) out[j] = static_cast<std::int32_t>(j);
+    if (s == 0 && threadIdx.x == 0) a.top_count[i] = static_cast<std::int32_t>(n);
     return;
   }
   const TopKWork w = top_k_work(a, i, segments);
-  const std::uint32_t threshold = static_cast<std::uint32_t>(w.sel[2]);
-  const int need = w.sel[3];
+  pick_bin(w.hist1, segments, w.sel[1], partial, warp_tot, pick);
+  const int b2 = pick[0], need = pick[1];
+  const std::uint32_t threshold = (static_cast<std::uint32_t>(w.sel[0]) << 8) | static_cast<std::uint32_t>(b2);
+  // The segments before this one (a warp each): entries above T (above B1, or in B1 above B2)
+  // and equal to T.
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+  for (int r = warp; r < s; r += kSegThreads / 32) {
+    int gt = 0;
+    DSV4_UNROLL
+    for (int u = 0; u < 8; ++u) {
+      const int b = lane * 8 + u;
+      if (b > b2) gt += w.hist1[r * 256 + b];
+    }
+    gt = __reduce_add_sync(0xffffffffu, gt);
+    if (lane == 0) {
+      seg_gt[r] = gt + w.above[r];
+      seg_eq[r] = w.hist1[r * 256 + b2];
+    }
+  }
+  __syncthreads();
+  const int eq = tid < s ? seg_eq[tid] : 0;
+  int total = 0;
+  const int eq_before = block_exclusive_sum(eq, warp_tot, &total);
+  const int taken = tid < s ? seg_gt[tid] + max(0, min(eq, need - eq_before)) : 0;
+  const int base = block_exclusive_sum(taken, warp_tot, &total);
+  if (tid == kSegThreads - 1) {  // (the last thread's prefixes plus its own: everything before s)
+    place[0] = base + taken;
+    place[1] = eq_before + eq;
+  }
+  __syncthreads();
   const float* sc = a.scores + static_cast<std::int64_t>(i) * a.max_entries;
-  write_selected<kVec4>(sc, n, q_lo, q_hi, threshold, need, w.base[s], w.eq_before[s], warp_tot, out);
+  write_selected<kVec4>(sc, n, q_lo, q_hi, threshold, need, place[0], place[1], warp_tot, out);
+  if (s == 0 && threadIdx.x == 0) a.top_count[i] = a.top_k;
 }
 
 }  // namespace
@@ -642,9 +632,10 @@ void indexer_scores(const IndexerArgs& args, gpu_stream_t stream) {
 
 std::int32_t indexer_top_k_segments(std::int64_t capacity, std::int64_t max_entries, std::int32_t sm_count) {
   if (capacity <= 0 || max_entries <= 0) return 1;
-  // About two CTAs a SM over the call's tokens, segments of at least 2048 entries.
+  // About two CTAs a SM over the call's tokens, segments of at least 8192 entries (16 a thread;
+  // every CTA also reads the S x 256 counts of the picks).
   const std::int64_t want = (2 * static_cast<std::int64_t>(std::max(sm_count, 1)) + capacity - 1) / capacity;
-  return static_cast<std::int32_t>(std::clamp<std::int64_t>(std::min(want, (max_entries + 2047) / 2048), 1, kMaxSegments));
+  return static_cast<std::int32_t>(std::clamp<std::int64_t>(std::min(want, (max_entries + 8191) / 8192), 1, kMaxSegments));
 }
 
 std::int64_t indexer_top_k_work_ints(std::int64_t capacity, std::int32_t segments) {
@@ -665,15 +656,15 @@ void indexer_top_k(const IndexerArgs& args, gpu_stream_t stream) {
   }
   if (segments > kMaxSegments) launch_error("GPU indexer top-k: {} segments a token (at most {})", {segments, kMaxSegments});
   const dim3 grid(static_cast<unsigned>(segments), static_cast<unsigned>(args.capacity));
-  const dim3 tokens(static_cast<unsigned>(args.capacity));
-  if (vec4) launch(top_k_hist_kernel<true, 0>, grid, dim3(kSegThreads), 0, stream, args);
-  else launch(top_k_hist_kernel<false, 0>, grid, dim3(kSegThreads), 0, stream, args);
-  launch(top_k_pick_kernel<0>, tokens, dim3(kPickThreads), 0, stream, args, segments);
-  if (vec4) launch(top_k_hist_kernel<true, 1>, grid, dim3(kSegThreads), 0, stream, args);
-  else launch(top_k_hist_kernel<false, 1>, grid, dim3(kSegThreads), 0, stream, args);
-  launch(top_k_pick_kernel<1>, tokens, dim3(kPickThreads), 0, stream, args, segments);
-  if (vec4) launch(top_k_write_kernel<true>, grid, dim3(kSegThreads), 0, stream, args);
-  else launch(top_k_write_kernel<false>, grid, dim3(kSegThreads), 0, stream, args);
+  if (vec4) {
+    launch(top_k_hist_kernel<true, 0>, grid, dim3(kSegThreads), 0, stream, args);
+    launch(top_k_hist_kernel<true, 1>, grid, dim3(kSegThreads), 0, stream, args);
+    launch(top_k_write_kernel<true>, grid, dim3(kSegThreads), 0, stream, args);
+  } else {
+    launch(top_k_hist_kernel<false, 0>, grid, dim3(kSegThreads), 0, stream, args);
+    launch(top_k_hist_kernel<false, 1>, grid, dim3(kSegThreads), 0, stream, args);
+    launch(top_k_write_kernel<false>, grid, dim3(kSegThreads), 0, stream, args);
+  }
 }
 
 }  // namespace dsv4::gpu

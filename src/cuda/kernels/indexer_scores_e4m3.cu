@@ -204,7 +204,9 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a)
   // Pages: lane l of every warp holds the page of the CTA's block (batch * 32 + l).
   const int row = st.token_row[t];
   const DeviceCacheGroup& kg = st.groups[a.key_group];
-  DSV4_DEVICE_ASSERT(kg.entries_per_block == kTile);
+  // (A trap without a message: the printf of DSV4_DEVICE_ASSERT is a call, and a call in the
+  // kernel makes ptxas serialize the wgmma products.)
+  if (kg.entries_per_block != kTile) __trap();
   const std::int64_t table_base = kg.table_base[row];
   const std::int32_t table_begin = kg.table_start[row], table_end = kg.table_start[row + 1];
   auto resolve = [&](std::int64_t batch) -> std::int64_t {  // this lane's page in `batch` (-1: none)
