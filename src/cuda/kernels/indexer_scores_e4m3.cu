@@ -143,6 +143,24 @@ __device__ __forceinline__ std::uint32_t relu_times_bf16x2(std::uint32_t x, std:
 #endif
 }
 
+// The largest / smallest of a word's four bytes.
+__device__ __forceinline__ unsigned max_byte4(unsigned x) {
+#if defined(__CUDA_ARCH__)
+  const unsigned m = __vmaxu4(x, x >> 16);
+  return __vmaxu4(m, m >> 8) & 0xffu;
+#else
+  return max(max(x & 0xffu, (x >> 8) & 0xffu), max((x >> 16) & 0xffu, x >> 24));
+#endif
+}
+__device__ __forceinline__ unsigned min_byte4(unsigned x) {
+#if defined(__CUDA_ARCH__)
+  const unsigned m = __vminu4(x, x >> 16);
+  return __vminu4(m, m >> 8) & 0xffu;
+#else
+  return min(min(x & 0xffu, (x >> 8) & 0xffu), min((x >> 16) & 0xffu, x >> 24));
+#endif
+}
+
 // Eight e2m1 codes (a word, lowest dim in the lowest nibble) as eight e4m3 bytes in two words,
 // through the byte table of e2m1 magnitudes times 2^d (`tab`); signs from a second permute.
 __device__ __forceinline__ void e2m1x8_to_e4m3(std::uint32_t w, uint2 tab, std::uint32_t& lo, std::uint32_t& hi) {
@@ -220,7 +238,19 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a)
   };
   std::int64_t pages_cur = resolve(0), pages_next = resolve(1);
   const std::uint8_t* nowhere = reinterpret_cast<const std::uint8_t*>(a.q_work);
-  // Copy the CTA's k-th block into stage k % kStages (one commit group a call, empty past the end).
+  // FP4: a block's page bytes are one bulk copy into its stage, counted on the stage's mbarrier.
+  __shared__ __align__(8) std::uint64_t landed[kStages];
+  if (kFormat == IndexerFormat::kFp4 && tid < kFoldTables * 8) {
+    // byte m of table d: e2m1 magnitude m times 2^(d - 7), as e4m3 (exact: binades -8..8)
+    const int d = tid / 8, m = tid % 8;
+    const std::uint32_t byte =
+        e4m3_code(e2m1_value(static_cast<std::uint8_t>(m)) * __uint_as_float(static_cast<std::uint32_t>(120 + d) << 23));
+    reinterpret_cast<std::uint8_t*>(fold_tab)[d * 8 + m] = static_cast<std::uint8_t>(byte);
+  }
+  if (kFormat == IndexerFormat::kFp4 && tid == 0)
+    for (int b = 0; b < kStages; ++b) mbarrier_init(&landed[b], 1);
+  // Copy the CTA's k-th block into stage k % kStages (FP8: one cp.async commit group a call,
+  // empty past the end; a block without a page reads as zeros).
   auto issue = [&](std::int64_t k) {
     if (k < mine) {
       if (k % 32 == 0 && k > 0) {
@@ -231,15 +261,28 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a)
       const bool ok = page >= 0;
       const std::uint8_t* base = kg.pool + (ok ? page : 0) * kg.page_bytes;
       std::uint8_t* dst = ring + (k % kStages) * L::kStage;
-      constexpr int kChunks = L::kStage / 16;
-      for (int c = tid; c < kChunks; c += kThreads) {
-        int at = c * 16;  // FP4 raw; FP8 data into the operand layout, scales after it
-        if (kFormat == IndexerFormat::kFp8 && c < kTile * 8) at = core_offset(c / 8, c % 8);
-        cp_async_16_zfill(dst + at, ok ? base + c * 16 : nowhere, ok);
+      if constexpr (kFormat == IndexerFormat::kFp4) {
+        if (tid == 0) {
+          std::uint64_t* bar = &landed[k % kStages];
+          if (ok) {
+            mbarrier_arrive_expect_tx(bar, L::kStage);
+            bulk_copy_to_shared(dst, base, L::kStage, bar);
+          } else {
+            for (int c = 0; c < L::kStage / 16; ++c) reinterpret_cast<uint4*>(dst)[c] = make_uint4(0, 0, 0, 0);
+            mbarrier_arrive(bar);
+          }
+        }
+      } else {
+        constexpr int kChunks = L::kStage / 16;
+        for (int c = tid; c < kChunks; c += kThreads) {
+          const int at = c < kTile * 8 ? core_offset(c / 8, c % 8) : c * 16;  // data into the operand layout, scales after it
+          cp_async_16_zfill(dst + at, ok ? base + c * 16 : nowhere, ok);
+        }
       }
     }
-    cp_async_commit();
+    if constexpr (kFormat == IndexerFormat::kFp8) cp_async_commit();
   };
+  if (kFormat == IndexerFormat::kFp4) __syncthreads();  // the mbarriers and the tables, before anyone uses them
   DSV4_UNROLL
   for (int k = 0; k < kStages - 1; ++k) issue(k);
 
@@ -254,26 +297,19 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a)
   std::uint32_t wf[8];
   DSV4_UNROLL
   for (int j = 0; j < 8; ++j) wf[j] = pack_bf16x2(w_fold[8 * j + 2 * tig], w_fold[8 * j + 2 * tig + 1]);
-  if (kFormat == IndexerFormat::kFp4 && tid < kFoldTables * 8) {
-    // byte m of table d: e2m1 magnitude m times 2^(d - 7), as e4m3 (exact: binades -8..8)
-    const int d = tid / 8, m = tid % 8;
-    const std::uint32_t byte =
-        e4m3_code(e2m1_value(static_cast<std::uint8_t>(m)) * __uint_as_float(static_cast<std::uint32_t>(120 + d) << 23));
-    reinterpret_cast<std::uint8_t*>(fold_tab)[d * 8 + m] = static_cast<std::uint8_t>(byte);
-  }
 
   const std::uint64_t q_desc = wgmma_descriptor(qs, kCore, kRowGroup);
   auto advanced = [](std::uint64_t desc, int bytes) { return desc + static_cast<std::uint64_t>(bytes >> 4); };
   constexpr std::uint32_t kOnes = 0x3f803f80u;  // bf16 1.0, 1.0
   float* out = a.scores + static_cast<std::int64_t>(i) * a.max_entries;
   for (std::int64_t k = 0; k < mine; ++k) {
-    cp_async_wait<kStages - 2>();  // block k's copies (this thread's) landed
+    if constexpr (kFormat == IndexerFormat::kFp4) mbarrier_wait(&landed[k % kStages], static_cast<unsigned>((k / kStages) & 1));
+    else cp_async_wait<kStages - 2>();  // block k's copies (this thread's) landed
     const std::uint8_t* stage = ring + (k % kStages) * L::kStage;
     const std::uint8_t* op = stage;  // the A tile
     float* factor = reinterpret_cast<float*>(ops + 2 * kOpBytes) + (k % 2) * kTile;  // FP4: 2^Rk an entry
     bool ok = q_fast;
     if constexpr (kFormat == IndexerFormat::kFp4) {
-      __syncthreads();  // every thread's copies of block k visible
       // Units (entry u / 4, scale block u % 4), u = tid and tid + 128: the quad of an entry
       // finds its largest and smallest block scales and folds the blocks to one power of two.
       std::uint8_t* tile = ops + (k % 2) * kOpBytes;
@@ -283,16 +319,11 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a)
         const uint4 raw = *reinterpret_cast<const uint4*>(stage + e * 64 + 16 * b);
         const std::uint32_t scales = *reinterpret_cast<const std::uint32_t*>(stage + kTile * 64 + e * 4);
         const unsigned s = (scales >> (8 * b)) & 0xffu;
-        // The entry's blocks of zeros (their scales do not count): the quad's bits of a ballot.
+        // The entry's blocks of zeros (their scales do not count): the quad's bits of a ballot,
+        // spread to a byte mask; the range of the other blocks' scales (255 / 0: none).
         const unsigned zeros = (__ballot_sync(0xffffffffu, ((raw.x | raw.y | raw.z | raw.w) & 0x77777777u) == 0u) >> (lane & ~3)) & 0xfu;
-        unsigned smax = 0u, smin = 255u;
-        DSV4_UNROLL
-        for (int c = 0; c < 4; ++c) {
-          const unsigned sc = (scales >> (8 * c)) & 0xffu;
-          const bool counts = ((zeros >> c) & 1u) == 0u;
-          smax = counts ? max(smax, sc) : smax;
-          smin = counts ? min(smin, sc) : smin;
-        }
+        const unsigned zero_bytes = ((zeros * 0x00204081u) & 0x01010101u) * 0xffu;
+        const unsigned smax = max_byte4(scales & ~zero_bytes), smin = min_byte4(scales | zero_bytes);
         // Block scales within 13 binades of the largest: e2m1 x 2^(s - smax + 6) is an e4m3 value
         // (a NaN scale byte makes even zeros NaN: the exact path).
         ok = ok && s != 255u && (smin == 255u || smax - smin <= 13u);
@@ -367,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a)
       if (j < n) out[j] = round_bf16(total);
     }
   }
-  cp_async_wait_all();  // no copy outlives the CTA
+  if constexpr (kFormat == IndexerFormat::kFp8) cp_async_wait_all();  // no copy outlives the CTA
 }
 
 }  // namespace
