@@ -143,21 +143,16 @@ __device__ __forceinline__ std::uint32_t relu_times_bf16x2(std::uint32_t x, std:
 #endif
 }
 
-// The largest / smallest of a word's four bytes.
-__device__ __forceinline__ unsigned max_byte4(unsigned x) {
+// The largest (kMax) or smallest of a word's four bytes.
+template <bool kMax>
+__device__ __forceinline__ unsigned extreme_byte4(unsigned x) {
 #if defined(__CUDA_ARCH__)
-  const unsigned m = __vmaxu4(x, x >> 16);
-  return __vmaxu4(m, m >> 8) & 0xffu;
+  const unsigned m = kMax ? __vmaxu4(x, x >> 16) : __vminu4(x, x >> 16);
+  return (kMax ? __vmaxu4(m, m >> 8) : __vminu4(m, m >> 8)) & 0xffu;
 #else
-  return max(max(x & 0xffu, (x >> 8) & 0xffu), max((x >> 16) & 0xffu, x >> 24));
-#endif
-}
-__device__ __forceinline__ unsigned min_byte4(unsigned x) {
-#if defined(__CUDA_ARCH__)
-  const unsigned m = __vminu4(x, x >> 16);
-  return __vminu4(m, m >> 8) & 0xffu;
-#else
-  return min(min(x & 0xffu, (x >> 8) & 0xffu), min((x >> 16) & 0xffu, x >> 24));
+  unsigned r = x & 0xffu;
+  for (int i = 1; i < 4; ++i) r = kMax ? max(r, (x >> (8 * i)) & 0xffu) : min(r, (x >> (8 * i)) & 0xffu);
+  return r;
 #endif
 }
 
@@ -323,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a)
         // spread to a byte mask; the range of the other blocks' scales (255 / 0: none).
         const unsigned zeros = (__ballot_sync(0xffffffffu, ((raw.x | raw.y | raw.z | raw.w) & 0x77777777u) == 0u) >> (lane & ~3)) & 0xfu;
         const unsigned zero_bytes = ((zeros * 0x00204081u) & 0x01010101u) * 0xffu;
-        const unsigned smax = max_byte4(scales & ~zero_bytes), smin = min_byte4(scales | zero_bytes);
+        const unsigned smax = extreme_byte4<true>(scales & ~zero_bytes), smin = extreme_byte4<false>(scales | zero_bytes);
         // Block scales within 13 binades of the largest: e2m1 x 2^(s - smax + 6) is an e4m3 value
         // (a NaN scale byte makes even zeros NaN: the exact path).
         ok = ok && s != 255u && (smin == 255u || smax - smin <= 13u);
