@@ -9,14 +9,15 @@
 //   q_h . k_j = 2^Rq_h * 2^Rk_j * (q8_h . k8_j)        (q8, k8 e4m3; one mma product)
 // and, the powers of two commuting with every bf16 rounding of the score,
 //   bf16(ReLU(bf16(q.k)) * w_h) = 2^Rk_j * bf16(ReLU(bf16(q8.k8 [* fp8 key scale])) * (w_h 2^Rq_h)).
-// The score sums those terms over the heads and rounds to bf16. Rows outside the folding's range
-// (and FP4 scale bytes of NaN) take an exact fp32 path for their 16 entries.
+// The score sums those terms over the heads and rounds to bf16. Blocks with a row outside the
+// folding's range (or an FP4 scale byte of NaN) take an exact fp32 path for their 64 entries.
 //
 // Layout: a CTA is one warpgroup and scores a cache block (64 entries) at a time with four
 // wgmma.m64n64k32.e4m3 products: A = the block's 64 entries, B = the token's 64 heads (converted
 // once a token by fold_queries_kernel, copied into shared memory once a CTA), both K-major core
-// matrices without swizzle. FP8 entries are copied straight into that layout (cp.async); FP4
-// entries are copied raw and converted into it (byte permutes through tables of e2m1 x 2^d). The
+// matrices without swizzle. FP8 entries are copied straight into that layout (cp.async); an FP4
+// block (its page is contiguous) is one bulk copy counted on the stage's mbarrier, converted by
+// the threads into that layout (byte permutes through tables of e2m1 x 2^d). The
 // terms ReLU(...) * w leave the accumulators as bf16 pairs laid out as the A operand of a bf16
 // mma.m16n8k16 with a B of ones, which sums them over the heads in fp32. A ring of four stages
 // keeps three blocks' copies in flight; each warp resolves the pages of the CTA's next 32 blocks
