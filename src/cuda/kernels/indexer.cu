@@ -11,6 +11,7 @@
 #include "cuda/kernels/fragments.cuh"
 #include "cuda/kernels/numerics.cuh"
 #include "cuda/kernels/reduce.cuh"
+#include "cuda/kernels/top_k_key.cuh"
 
 namespace dsv4::gpu {
 namespace {
@@ -250,13 +251,6 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(IndexerArgs a, fl
 }
 
 // ---- top-k: radix select on the 16-bit keys of bf16 scores, then an ordered compaction --------
-__device__ __forceinline__ std::uint32_t score_key(float f) {
-  std::uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) u = 0xff800000u;  // NaN ranks as -inf (top_k_indices)
-  if ((u & 0x7fffffffu) == 0) u = 0;               // -0 ties with +0
-  const std::uint32_t k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  return k >> 16;  // bf16 values: the low half is zero
-}
 
 constexpr int kTopThreads = 1024;
 
@@ -446,10 +440,6 @@ __global__ void __launch_bounds__(kTopThreads) top_k_kernel(IndexerArgs a) {
 constexpr int kSegThreads = 512;
 constexpr int kMaxSegments = 256;
 
-__host__ __device__ constexpr std::int64_t top_k_work_ints_per_token(int segments) {
-  return 4 + static_cast<std::int64_t>(segments) * (2 * 256 + 1);
-}
-
 struct TopKWork {
   int* sel;
   int* hist0;  // [S][256]
@@ -461,7 +451,7 @@ __device__ __forceinline__ TopKWork top_k_work(const IndexerArgs& a, int i, int 
   int* w = a.top_k_work + static_cast<std::int64_t>(i) * top_k_work_ints_per_token(segments);
   TopKWork r;
   r.sel = w;
-  r.hist0 = w + 4;
+  r.hist0 = w + kTopKHist0;
   r.hist1 = r.hist0 + segments * 256;
   r.above = r.hist1 + segments * 256;
   return r;
@@ -500,8 +490,9 @@ __device__ __forceinline__ void pick_bin(const int* hist, int segments, int need
 }
 
 // hist0 (kPass 0) and hist1 (kPass 1) of segment blockIdx.x.
+// hist0_rows: rows of hist0 to sum (the segments', or 1 where the scores kernel counted them).
 template <bool kVec4, int kPass>
-__global__ void __launch_bounds__(kSegThreads) top_k_hist_kernel(IndexerArgs a) {
+__global__ void __launch_bounds__(kSegThreads) top_k_hist_kernel(IndexerArgs a, int hist0_rows) {
   __shared__ int hist[256];
   __shared__ int above;
   __shared__ int warp_tot[32];
@@ -516,7 +507,7 @@ __global__ void __launch_bounds__(kSegThreads) top_k_hist_kernel(IndexerArgs a) 
   const TopKWork w = top_k_work(a, i, segments);
   std::uint32_t b1 = 0;
   if (kPass == 1) {
-    pick_bin(w.hist0, segments, a.top_k, partial, warp_tot, pick);
+    pick_bin(w.hist0, hist0_rows, a.top_k, partial, warp_tot, pick);
     b1 = static_cast<std::uint32_t>(pick[0]);
     if (s == 0 && threadIdx.x == 0) {
       w.sel[0] = pick[0];
@@ -642,13 +633,16 @@ std::int64_t indexer_top_k_work_ints(std::int64_t capacity, std::int32_t segment
   return segments <= 1 ? 0 : std::max<std::int64_t>(capacity, 0) * top_k_work_ints_per_token(segments);
 }
 
+std::int32_t indexer_top_k_segments(const IndexerArgs& args) {
+  return args.top_k_segments > 0 ? args.top_k_segments : indexer_top_k_segments(args.capacity, args.max_entries, args.sm_count);
+}
+
 void indexer_top_k(const IndexerArgs& args, gpu_stream_t stream) {
   if (args.capacity <= 0) return;
   if (args.capacity > 65535) launch_error("GPU indexer top-k: {} tokens in one call (at most 65535)", {args.capacity});
   // 16-byte loads where every row starts 16-byte aligned (the executor pads rows to 4 scores).
   const bool vec4 = reinterpret_cast<std::uintptr_t>(args.scores) % 16 == 0 && args.max_entries % 4 == 0;
-  const std::int32_t segments = args.top_k_segments > 0 ? args.top_k_segments
-                                                         : indexer_top_k_segments(args.capacity, args.max_entries, args.sm_count);
+  const std::int32_t segments = indexer_top_k_segments(args);
   if (segments <= 1 || args.top_k_work == nullptr) {
     if (vec4) launch(top_k_kernel<true>, dim3(static_cast<unsigned>(args.capacity)), dim3(kTopThreads), 0, stream, args);
     else launch(top_k_kernel<false>, dim3(static_cast<unsigned>(args.capacity)), dim3(kTopThreads), 0, stream, args);
@@ -656,13 +650,15 @@ void indexer_top_k(const IndexerArgs& args, gpu_stream_t stream) {
   }
   if (segments > kMaxSegments) launch_error("GPU indexer top-k: {} segments a token (at most {})", {segments, kMaxSegments});
   const dim3 grid(static_cast<unsigned>(segments), static_cast<unsigned>(args.capacity));
+  // The FP8 tensor-core scores kernel counted the keys' high bytes already (hist0 row 0).
+  const bool counted = indexer_scores_count_keys(args);
   if (vec4) {
-    launch(top_k_hist_kernel<true, 0>, grid, dim3(kSegThreads), 0, stream, args);
-    launch(top_k_hist_kernel<true, 1>, grid, dim3(kSegThreads), 0, stream, args);
+    if (!counted) launch(top_k_hist_kernel<true, 0>, grid, dim3(kSegThreads), 0, stream, args, segments);
+    launch(top_k_hist_kernel<true, 1>, grid, dim3(kSegThreads), 0, stream, args, counted ? 1 : segments);
     launch(top_k_write_kernel<true>, grid, dim3(kSegThreads), 0, stream, args);
   } else {
-    launch(top_k_hist_kernel<false, 0>, grid, dim3(kSegThreads), 0, stream, args);
-    launch(top_k_hist_kernel<false, 1>, grid, dim3(kSegThreads), 0, stream, args);
+    if (!counted) launch(top_k_hist_kernel<false, 0>, grid, dim3(kSegThreads), 0, stream, args, segments);
+    launch(top_k_hist_kernel<false, 1>, grid, dim3(kSegThreads), 0, stream, args, counted ? 1 : segments);
     launch(top_k_write_kernel<false>, grid, dim3(kSegThreads), 0, stream, args);
   }
 }

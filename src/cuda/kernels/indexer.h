@@ -15,7 +15,9 @@
 //                     radix select on the scores' 16-bit keys: one CTA a token, or, for long
 //                     rows and few tokens, each row split into segments (indexer_top_k_segments)
 //                     whose CTAs build the histograms and write their selections in place
-//                     (needs top_k_work: indexer_top_k_work_ints ints).
+//                     (needs top_k_work: indexer_top_k_work_ints ints). Call it after
+//                     indexer_scores with the same args: the FP8 tensor-core scores kernel
+//                     counts the first histogram itself (indexer_scores_count_keys).
 #pragma once
 
 #include <cstdint>
@@ -54,6 +56,7 @@ std::int64_t indexer_q_work_bytes(std::int64_t tokens);
 
 // Segments a row for indexer_top_k (1: one CTA a token), and the workspace they need.
 std::int32_t indexer_top_k_segments(std::int64_t capacity, std::int64_t max_entries, std::int32_t sm_count);
+std::int32_t indexer_top_k_segments(const IndexerArgs& args);  // args.top_k_segments, or the choice above
 std::int64_t indexer_top_k_work_ints(std::int64_t capacity, std::int32_t segments);
 
 void indexer_query(const IndexerArgs& args, gpu_stream_t stream);

@@ -31,6 +31,7 @@
 #include "cuda/device.h"
 #include "cuda/kernels/launch_check.h"
 #include "cuda/kernels/numerics.cuh"
+#include "cuda/kernels/top_k_key.cuh"
 
 namespace dsv4::gpu {
 namespace {
@@ -65,11 +66,15 @@ __device__ __forceinline__ std::uint8_t* q_work_of(const IndexerArgs& a, int i) 
 }
 
 // ---- queries folded to e4m3 (grid: tokens x 8, a warp a head, a lane 4 dims) --------------------
-__global__ void __launch_bounds__(256) fold_queries_kernel(IndexerArgs a, float weight_scale) {
+// count_segments > 0: also zero the token's hist0 row 0 in the top-k workspace, which the scores
+// kernel then counts into (indexer_scores_count_keys).
+__global__ void __launch_bounds__(256) fold_queries_kernel(IndexerArgs a, float weight_scale, int count_segments) {
   const DeviceStep& st = *a.step;
   const int i = blockIdx.x;
   const int t = a.token0 + i;
   if (t >= st.n_tokens) return;
+  if (count_segments > 0 && blockIdx.y == 0 && threadIdx.x < 256)
+    a.top_k_work[static_cast<std::int64_t>(i) * top_k_work_ints_per_token(count_segments) + kTopKHist0 + threadIdx.x] = 0;
   std::uint8_t* work = q_work_of(a, i);
   float* w_fold = reinterpret_cast<float*>(work + kQBytes);
   float* w_plain = w_fold + kHeads;
@@ -196,14 +201,17 @@ __device__ __noinline__ void exact_dots(float* dots, const std::uint16_t* q_toke
   }
 }
 
+// count_segments > 0: the written scores' high key bytes are counted into the token's hist0 row 0
+// of the top-k workspace (a shared histogram a CTA, added with atomics at its end).
 template <IndexerFormat kFormat>
-__global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a) {
+__global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a, int count_segments) {
   using L = Layout<kFormat>;
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
   std::uint8_t* qs = smem;                    // [64 heads][128] e4m3, operand layout
   std::uint8_t* ops = smem + kQBytes;         // FP4: [2][64][128] e4m3 tiles, then [2][64] factors
   std::uint8_t* ring = smem + L::kRing;       // [kStages] raw blocks (FP8: data in operand layout)
   __shared__ uint2 fold_tab[kFoldTables];
+  __shared__ int key_count[256];
   const DeviceStep& st = *a.step;
   const int i = blockIdx.y;
   const int t = a.token0 + i;
@@ -282,6 +290,7 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a)
   DSV4_UNROLL
   for (int k = 0; k < kStages - 1; ++k) issue(k);
 
+  for (int b = tid; b < 256; b += kThreads) key_count[b] = 0;  // (ordered by the loop's barriers)
   // The token's folded queries into the B tile; the weights of this thread's heads as pairs.
   const std::uint8_t* work = q_work_of(a, i);
   for (int c = tid; c < kHeads * 8; c += kThreads)
@@ -391,8 +400,18 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a)
       const std::int64_t j = (first + k * stride) * kTile + e;
       float total = tig == 0 ? sum[0] : sum[2];
       if (kFormat == IndexerFormat::kFp4 && fast) total = mul_rn(total, factor[e]);
-      if (j < n) out[j] = round_bf16(total);
+      if (j < n) {
+        const float score = round_bf16(total);
+        out[j] = score;
+        if (count_segments > 0) atomicAdd(&key_count[score_key(score) >> 8], 1);
+      }
     }
+  }
+  if (count_segments > 0) {
+    __syncthreads();  // every block's counts in
+    int* hist0 = a.top_k_work + static_cast<std::int64_t>(i) * top_k_work_ints_per_token(count_segments) + kTopKHist0;
+    for (int b = tid; b < 256; b += kThreads)
+      if (key_count[b] != 0) atomicAdd(&hist0[b], key_count[b]);
   }
   if constexpr (kFormat == IndexerFormat::kFp8) cp_async_wait_all();  // no copy outlives the CTA
 }
@@ -404,7 +423,9 @@ std::int64_t indexer_q_work_bytes(std::int64_t tokens) {
 }
 
 void indexer_scores_e4m3(const IndexerArgs& args, float weight_scale, gpu_stream_t stream) {
-  launch(fold_queries_kernel, dim3(static_cast<unsigned>(args.capacity), kHeads / 8), dim3(256), 0, stream, args, weight_scale);
+  const int count_segments = indexer_scores_count_keys(args) ? indexer_top_k_segments(args) : 0;
+  launch(fold_queries_kernel, dim3(static_cast<unsigned>(args.capacity), kHeads / 8), dim3(256), 0, stream, args, weight_scale,
+         count_segments);
   // About 5 CTAs a SM (as many as fit) over the call's tokens, at most one a cache block.
   const std::int64_t max_tiles = (args.max_entries + kTile - 1) / kTile;
   const std::int64_t per_token = args.ctas_per_token > 0 ? args.ctas_per_token
@@ -415,12 +436,12 @@ void indexer_scores_e4m3(const IndexerArgs& args, float weight_scale, gpu_stream
     constexpr int kSmem = Layout<IndexerFormat::kFp4>::kSmem;
     static const bool set = (set_max_dynamic_smem(scores_e4m3_kernel<IndexerFormat::kFp4>, kSmem), true);
     (void)set;
-    launch(scores_e4m3_kernel<IndexerFormat::kFp4>, grid, dim3(kThreads), kSmem, stream, args);
+    launch(scores_e4m3_kernel<IndexerFormat::kFp4>, grid, dim3(kThreads), kSmem, stream, args, count_segments);
   } else {
     constexpr int kSmem = Layout<IndexerFormat::kFp8>::kSmem;
     static const bool set = (set_max_dynamic_smem(scores_e4m3_kernel<IndexerFormat::kFp8>, kSmem), true);
     (void)set;
-    launch(scores_e4m3_kernel<IndexerFormat::kFp8>, grid, dim3(kThreads), kSmem, stream, args);
+    launch(scores_e4m3_kernel<IndexerFormat::kFp8>, grid, dim3(kThreads), kSmem, stream, args, count_segments);
   }
 }
 
