@@ -100,7 +100,10 @@ void set_max_dynamic_smem(void (*kernel)(P...), std::size_t bytes) {
   }
 }
 
-// D = A * B + C for one warp: A 16x32 e4m3 (row), B 32x8 e4m3 (col), C and D 16x8 fp32. Fragments
+// D = A * B + C for one warp: A 16x32 e4m3 (row), B 32x8 e4m3 (col), C and D 16x8 fp32. On sm_90
+// this is no FP8 tensor-core instruction: ptxas widens both operands to f16 (F2FP) and issues two
+// f16 HMMA and FADDs (an indexer kernel built on it ran 890 instructions a 16 x 64 x 128 product,
+// docs/perf.md); Hopper's FP8 tensor cores are wgmma only (wgmma_m64n64k32_e4m3). Fragments
 // per the PTX ISA "Matrix Fragments for mma.m16n8k32" (g = lane / 4, t = lane % 4):
 //   a[0]: row g, k 4t..4t+3; a[1]: row g+8, k 4t..; a[2]: row g, k 16+4t..; a[3]: row g+8, k 16+4t..
 //   b[0]: col g, k 4t..4t+3; b[1]: col g, k 16+4t..     (lowest k in the lowest byte)
