@@ -10,8 +10,10 @@
 //          V4-Flash CSA (64 heads, window 128 + indexer top-512), V4-Pro CSA (128 heads, window
 //          128 + top-1024), V4-Flash HCA (64 heads, window 128 + every c128 entry: 127-128).
 // prefill  4096 queries of one sequence ending at context 8K / 64K, window 128 + top-k each.
-// indexer  scores of 64 index heads against the FP4 indexer cache (68-byte entries) and the
-//          top-512: one query at 1M tokens (262,144 entries), and 64 sequences at 128K.
+// indexer  scores of 64 index heads against the FP4 (68-byte) and FP8 (132-byte) indexer
+//          caches and the top-512: one query at 1M tokens (262,144 entries), and 64 sequences
+//          at 128K. "top-512" times indexer_top_k after indexer_scores (the FP8 tensor-core
+//          scores kernel already counted its first histogram); "both" is the pair.
 //
 // The key sets (top-k lists) are random distinct entries, the cache bytes random values that
 // decode to finite numbers, pages shuffled through the pool (as a paged cache leaves them).
