@@ -534,6 +534,11 @@ TEST(GpuOpsCache, IndexerScoresAndTopK) {
           a.q_work = q_work.get();  // FP4 / FP8 keys on FP8 tensor cores
           gpu::indexer_scores(a, st());
           gpu::indexer_top_k(a, st());
+          if (part == 1 && idt != IndexerCacheDtype::kBf16) {  // FP4 / FP8 keys without q_work: a clear error
+            gpu::IndexerArgs bare = a;
+            bare.q_work = nullptr;
+            EXPECT_THROW(gpu::indexer_scores(bare, st()), std::exception);
+          }
         }
         const auto gs = scores.download();
         const auto gi = idx.download();

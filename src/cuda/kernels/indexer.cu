@@ -54,7 +54,8 @@ __global__ void __launch_bounds__(kDim) query_kernel(IndexerArgs a) {
   store_bf16(q + c, e2m1_value(fp4_encode_scaled(x, 1.0f / scale)) * scale);
 }
 
-// ---- scores: a CTA per (token, share of its entry tiles); 4 warps of 16 heads, bf16 mma -------
+// ---- scores of bf16 keys: a CTA per (token, share of its entry tiles); 4 warps of 16 heads, bf16
+// mma (FP4 / FP8 keys: indexer_scores_e4m3.cu) -------------------------------------------------
 // A tile is the 64 entries of one cache block (the indexer group holds 256 / 4 = 64 entries a
 // block), so its bytes are one page's: 64 entries' data, then their scales, each contiguous. The
 // CTA keeps its token's queries as mma fragments in registers, copies its next tile's raw bytes
@@ -62,38 +63,9 @@ __global__ void __launch_bounds__(kDim) query_kernel(IndexerArgs a) {
 // and pages of the tiles after that ahead of their use.
 constexpr int kTile = 64;
 constexpr int kKeyRow = kDim + 8;          // bf16 row stride of decoded keys (ldmatrix, no conflicts)
-constexpr int kRawTile = kTile * 2 * kDim + kTile * 4;  // largest raw tile: bf16 keys (16 KB) + scales
+constexpr int kRawTile = kTile * 2 * kDim;  // a tile of bf16 keys (16 KB; no scales)
 constexpr int kScoreThreads = 128;
 constexpr int kScoreSmem = 2 * kRawTile + kTile * kKeyRow * 2 + 4 * kTile * 4;
-
-// Four e2m1 codes (the low 16 bits, lowest element in the lowest nibble) as four bf16 values of
-// code x 2^e, in two words (lower element in the lower half). `lo_tab` / `hi_tab`: the low and
-// high bytes of the bf16 bits of the magnitudes 0..7 at this scale (bytes 0-3 then 4-7).
-__device__ __forceinline__ void e2m1x4_to_bf16x4(std::uint32_t codes, const std::uint32_t (&lo_tab)[2],
-                                                 const std::uint32_t (&hi_tab)[2], std::uint32_t* out) {
-  const std::uint32_t mag = codes & 0x7777u;
-  const std::uint32_t lo = __byte_perm(lo_tab[0], lo_tab[1], mag);
-  const std::uint32_t sign = __byte_perm(0u, 0x80808080u, (codes & 0x8888u) >> 1);  // selector 4: 0x80
-  const std::uint32_t hi = __byte_perm(hi_tab[0], hi_tab[1], mag) | sign;
-  out[0] = __byte_perm(lo, hi, 0x5140);
-  out[1] = __byte_perm(lo, hi, 0x7362);
-}
-
-// The byte tables of e2m1x4_to_bf16x4 for the block scale 2^e (UE8M0 byte `scale`).
-__device__ __forceinline__ void e2m1_tables(std::uint8_t scale, std::uint32_t (&lo_tab)[2], std::uint32_t (&hi_tab)[2]) {
-  const float s = ue8m0_value(scale);
-  std::uint32_t lo[2] = {0, 0}, hi[2] = {0, 0};
-  DSV4_UNROLL
-  for (int m = 1; m < 8; ++m) {
-    const std::uint32_t b = bf16_bits(e2m1_value(static_cast<std::uint8_t>(m)) * s);
-    lo[m / 4] |= (b & 0xffu) << (8 * (m % 4));
-    hi[m / 4] |= ((b >> 8) & 0xffu) << (8 * (m % 4));
-  }
-  lo_tab[0] = lo[0];
-  lo_tab[1] = lo[1];
-  hi_tab[0] = hi[0];
-  hi_tab[1] = hi[1];
-}
 
 __global__ void __launch_bounds__(kScoreThreads) scores_kernel(IndexerArgs a, float weight_scale) {
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
@@ -111,10 +83,10 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(IndexerArgs a, fl
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
   const int row = st.token_row[t];
   const DeviceCacheGroup& kg = st.groups[a.key_group];
-  DSV4_DEVICE_ASSERT(kg.entries_per_block == kTile);
+  DSV4_DEVICE_ASSERT(kg.entries_per_block == kTile && kg.data_bytes == 2 * kDim && kg.scale_bytes == 0);
   const std::int64_t table_base = kg.table_base[row];
   const std::int32_t table_begin = kg.table_start[row], table_end = kg.table_start[row + 1];
-  const int data_bytes = kg.data_bytes, scale_bytes = kg.scale_bytes, layer_slot = a.layer_slot;
+  const int layer_slot = a.layer_slot;
 
   // This warp's 16 heads as A fragments (rows past `heads` zero), the rows' weights.
   std::uint32_t qf[kDim / 16][4];
@@ -152,11 +124,7 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(IndexerArgs a, fl
       const bool ok = page >= 0;
       const std::uint8_t* src = kg.pool + (ok ? page : 0) * kg.page_bytes;
       std::uint8_t* dst = raw + buf * kRawTile;
-      const int data16 = kTile * data_bytes / 16, scale16 = kTile * scale_bytes / 16;
-      for (int u = tid; u < data16 + scale16; u += kScoreThreads) {
-        // data, then the scales (at data16 * 16 in the page and in the stage alike)
-        cp_async_16_zfill(dst + u * 16, ok ? src + u * 16 : nowhere, ok);
-      }
+      for (int u = tid; u < kRawTile / 16; u += kScoreThreads) cp_async_16_zfill(dst + u * 16, ok ? src + u * 16 : nowhere, ok);
     }
     cp_async_commit();
   };
@@ -174,37 +142,15 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(IndexerArgs a, fl
     cp_async_wait<1>();
     __syncthreads();  // tile b's bytes visible; the previous tile's keys and sums no longer read
 
-    // Decode the tile into bf16 keys: 4 units of 32 dims per entry.
+    // The tile's bf16 keys into rows of kKeyRow (ldmatrix without bank conflicts): 4 units of 32
+    // dims per entry.
     const std::uint8_t* src = raw + (it & 1) * kRawTile;
     for (int u = tid; u < kTile * 4; u += kScoreThreads) {
       const int e = u >> 2, part = u & 3;
       uint4* dst = reinterpret_cast<uint4*>(ks + e * kKeyRow + part * 32);
-      if (a.format == IndexerFormat::kFp4) {
-        const uint4 v = *reinterpret_cast<const uint4*>(src + e * 64 + part * 16);
-        std::uint32_t lo_tab[2], hi_tab[2];
-        e2m1_tables(src[kTile * 64 + e * 4 + part], lo_tab, hi_tab);
-        const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-        DSV4_UNROLL
-        for (int j = 0; j < 4; ++j) {
-          std::uint32_t o[4];
-          e2m1x4_to_bf16x4(w[j] & 0xffffu, lo_tab, hi_tab, o);
-          e2m1x4_to_bf16x4(w[j] >> 16, lo_tab, hi_tab, o + 2);
-          dst[j] = make_uint4(o[0], o[1], o[2], o[3]);
-        }
-      } else if (a.format == IndexerFormat::kFp8) {
-        const float scale = *reinterpret_cast<const float*>(src + kTile * 128 + e * 4);
-        const uint4 v0 = *reinterpret_cast<const uint4*>(src + e * 128 + part * 32);
-        const uint4 v1 = *reinterpret_cast<const uint4*>(src + e * 128 + part * 32 + 16);
-        const std::uint32_t w[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-        DSV4_UNROLL
-        for (int j = 0; j < 4; ++j)
-          dst[j] = make_uint4(e4m3x2_to_bf16x2(w[2 * j] & 0xffffu, scale), e4m3x2_to_bf16x2(w[2 * j] >> 16, scale),
-                              e4m3x2_to_bf16x2(w[2 * j + 1] & 0xffffu, scale), e4m3x2_to_bf16x2(w[2 * j + 1] >> 16, scale));
-      } else {
-        const uint4* v = reinterpret_cast<const uint4*>(src + e * 256 + part * 64);
-        DSV4_UNROLL
-        for (int j = 0; j < 4; ++j) dst[j] = v[j];
-      }
+      const uint4* v = reinterpret_cast<const uint4*>(src + e * 256 + part * 64);
+      DSV4_UNROLL
+      for (int j = 0; j < 4; ++j) dst[j] = v[j];
     }
     __syncthreads();
 
@@ -605,7 +551,8 @@ void indexer_scores(const IndexerArgs& args, gpu_stream_t stream) {
   // indexer_weight_scale: the product taken in double, then fp32.
   const float weight_scale =
       static_cast<float>(std::pow(static_cast<double>(kDim), -0.5) * std::pow(static_cast<double>(args.heads), -0.5));
-  if (args.q_work != nullptr && args.format != IndexerFormat::kBf16) {
+  if (args.format != IndexerFormat::kBf16) {
+    if (args.q_work == nullptr) launch_error("GPU indexer: FP4 / FP8 keys are scored on FP8 tensor cores and need q_work ({} bytes)", {indexer_q_work_bytes(args.capacity)});
     indexer_scores_e4m3(args, weight_scale, stream);
     return;
   }

@@ -6,10 +6,10 @@
 //   indexer_scores    score[t][j] = bf16(sum_h bf16(ReLU(bf16(q_h . k_j)) * w_h)) for every
 //                     complete entry j < (position + 1) / 4 of the token's row, keys read from
 //                     the indexer cache (fp4 / fp8 / bf16) through the block table; w_h =
-//                     bf16(weights_proj product * 128^-0.5 * heads^-0.5). FP4 and FP8 keys with a
-//                     q_work buffer: FP8 tensor cores on the exact e4m3 forms of q and k
-//                     (indexer_scores_e4m3.cu); otherwise bf16 mma. Entries past a token's
-//                     complete ones are not written.
+//                     bf16(weights_proj product * 128^-0.5 * heads^-0.5). FP4 and FP8 keys: FP8
+//                     tensor cores on the exact e4m3 forms of q and k (indexer_scores_e4m3.cu,
+//                     needs q_work); bf16 keys: bf16 mma. Entries past a token's complete ones
+//                     are not written.
 //   indexer_top_k     per token, the min(k, complete) best entries (ties to the lower index,
 //                     as top_k_indices), listed in ascending entry order, and their count. A
 //                     radix select on the scores' 16-bit keys: one CTA a token, or, for long
@@ -47,8 +47,8 @@ struct IndexerArgs {
   std::int32_t ctas_per_token = 0;    // 0: chosen by the grid size (tests force 1: one CTA walks every tile)
   std::int32_t top_k_segments = 0;    // 0: indexer_top_k_segments; 1: one CTA a token
   std::int32_t* top_k_work = nullptr; // indexer_top_k_work_ints(capacity, segments) ints (null: one CTA a token)
-  std::uint8_t* q_work = nullptr;     // indexer_q_work_bytes(capacity): FP4 / FP8 keys scored on FP8
-                                      // tensor cores (null: the bf16 kernel)
+  std::uint8_t* q_work = nullptr;     // indexer_q_work_bytes(capacity): needed for FP4 / FP8 keys
+                                      // (scored on FP8 tensor cores); bf16 keys do not use it
 };
 
 // Bytes of IndexerArgs::q_work for `tokens` tokens (the queries folded to e4m3, the weights).

@@ -1,5 +1,5 @@
 // Indexer scores on FP8 tensor cores for FP4 and FP8 indexer keys (indexer_scores_e4m3.cu);
-// indexer_scores (indexer.h) calls it when the call carries a q_work buffer.
+// indexer_scores (indexer.h) calls it for those formats.
 #pragma once
 
 #include <cstdint>
