@@ -10,7 +10,8 @@
 // the weights rotate through copies that together exceed the L2 cache, so every product reads
 // its weight from HBM. Weights and activations are constant bytes (timing does not depend on the
 // values). "auto" is what the executor picks for a prefill step (GemmPath::kAutoPrefill): the
-// few-rows kernel up to 16 rows, then cuBLASLt where it runs the shape, else the tiles.
+// few-rows kernel up to 16 rows, then cuBLASLt where it runs the shape, else the tiles. "stream" is
+// the weight-streaming wgmma kernel (GemmPath::kStream, dense fp8 weights, opt-in).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -78,6 +79,7 @@ const char* path_label(GemmPath p) {
     case GemmPath::kFewRows: return "few-rows";
     case GemmPath::kTiles: return "tiles";
     case GemmPath::kLibrary: return "cuBLASLt";
+    case GemmPath::kStream: return "stream";
     default: return "auto";
   }
 }
@@ -103,8 +105,8 @@ int run(int argc, char** argv) {
   fmt::print("mma.sync peak: e4m3 {:.0f} TFLOP/s, bf16 {:.0f} TFLOP/s\n", peak_fp8, peak_bf16);
   fmt::print("time: median of {} replays of a graph of {} launches, per launch\n", runs, reps);
   fmt::print("cuBLASLt ({}): reported after the first product that asks for it\n\n", "block-scaled FP8");
-  fmt::print("| product | rows | auto picks | auto (us) | GB/s | of HBM | TFLOP/s | of mma peak | few-rows (us) | tiles (us) | cuBLASLt (us) | cuBLASLt / auto |\n");
-  fmt::print("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  fmt::print("| product | rows | auto picks | auto (us) | GB/s | of HBM | TFLOP/s | of mma peak | few-rows (us) | stream (us) | tiles (us) | cuBLASLt (us) | cuBLASLt / auto |\n");
+  fmt::print("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
 
   const std::int64_t max_rows = *std::max_element(rows_list.begin(), rows_list.end());
   gpu::Stream stream;
@@ -182,9 +184,11 @@ int run(int argc, char** argv) {
         const bool library = !s.bf16_input && gpu::gemm_library_supports(rows, w, o);
         if (!library && !s.bf16_input && s.format == WeightFormat::kFp8 && rows > 1)
           fmt::print("({} at {} rows: cuBLASLt refused: {})\n", s.name, rows, gpu::gemm_library_refusal());
+        const bool streams = !s.bf16_input && s.format == WeightFormat::kFp8;  // the weight-streaming kernel runs it
         const GemmPath chosen = rows <= 16 ? GemmPath::kFewRows : library ? GemmPath::kLibrary : GemmPath::kTiles;
         const double t = time_us(chosen);
         const double t_few = chosen == GemmPath::kFewRows ? t : rows <= 512 ? time_us(GemmPath::kFewRows) : 0.0;  // slow at 4096
+        const double t_stream = streams && rows <= 512 ? time_us(GemmPath::kStream) : 0.0;
         const double t_tiles = chosen == GemmPath::kTiles ? t : time_us(GemmPath::kTiles);
         const double t_lib = chosen == GemmPath::kLibrary ? t : library ? time_us(GemmPath::kLibrary) : 0.0;
         const double bytes = static_cast<double>(wbytes) + static_cast<double>(rows) * static_cast<double>(in_cols) * (s.bf16_input ? 2 : 1) +
@@ -193,8 +197,8 @@ int run(int argc, char** argv) {
         const double peak = s.bf16_input ? peak_bf16 : peak_fp8;
         const double gbs = bytes / (t * 1e-6) / 1e9, tflops = flops / (t * 1e-6) / 1e12;
         auto cell = [](double us) { return us > 0 ? fmt::format("{:.1f}", us) : std::string("-"); };
-        fmt::print("| {} | {} | {} | {:.1f} | {:.0f} | {:.0f}% | {:.1f} | {:.0f}% | {} | {} | {} | {} |\n", s.name, rows, path_label(chosen), t,
-                   gbs, 100.0 * gbs * 1e9 / bw, tflops, 100.0 * tflops / peak, cell(t_few), cell(t_tiles), cell(t_lib),
+        fmt::print("| {} | {} | {} | {:.1f} | {:.0f} | {:.0f}% | {:.1f} | {:.0f}% | {} | {} | {} | {} | {} |\n", s.name, rows, path_label(chosen), t,
+                   gbs, 100.0 * gbs * 1e9 / bw, tflops, 100.0 * tflops / peak, cell(t_few), cell(t_stream), cell(t_tiles), cell(t_lib),
                    t_lib > 0 ? fmt::format("{:.2f}x", t_lib / t) : std::string("-"));
       }
     }

@@ -26,12 +26,12 @@
 //              __floats2bfloat162_rn, __bfloat1622float2, __low2float, __high2float
 //   macros     DSV4_DYNAMIC_SMEM(T, name), DSV4_DEVICE_ASSERT(cond)
 // and in namespace dsv4::gpu: launch, set_max_dynamic_smem, the mma wrappers, ldmatrix, cp.async,
-// load_global_or and load_global_v{2,4}_or_zero (predicated loads), named_barrier_sync,
-// setmaxnreg_inc / setmaxnreg_dec (warpgroup register budgets),
+// load_global_or and load_global_v{2,4}_or_zero (predicated loads), load_global_l2_v4,
+// named_barrier_sync, setmaxnreg_inc / setmaxnreg_dec (warpgroup register budgets),
 // Hopper's mbarriers with bulk copies into shared memory (mbarrier_init, mbarrier_arrive,
 // mbarrier_arrive_expect_tx, bulk_copy_to_shared, mbarrier_wait), and warpgroup mma (wgmma_descriptor,
 // fence_proxy_async_shared, wgmma_fence, wgmma_m64n{32,64}k16_bf16, wgmma_m64n256k16_bf16_bt,
-// wgmma_m64n64k32_e4m3,
+// wgmma_m64n64k32_e4m3, wgmma_m64k32_e4m3<N>,
 // wgmma_commit, wgmma_wait, wgmma_fence_operands).
 #pragma once
 
@@ -177,6 +177,13 @@ __device__ __forceinline__ uint4 load_global_v4_or_zero(const void* p, bool ok) 
                : "memory");
   return v;
 }
+// 16 bytes at p (16-byte aligned) through L2 only (ld.global.cg): data other CTAs of the running
+// kernel wrote before a fence and an atomic this thread has seen (split-K partial sums).
+__device__ __forceinline__ float4 load_global_l2_v4(const void* p) {
+  float4 v;
+  asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];\n" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
+  return v;
+}
 // 8 bytes at p (8-byte aligned) if `ok`, else zeros, as load_global_v4_or_zero.
 __device__ __forceinline__ uint2 load_global_v2_or_zero(const void* p, bool ok) {
   uint2 v = make_uint2(0u, 0u);
@@ -301,16 +308,48 @@ __device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], std::uint64
 // D[64 x 64] (+)= A[64 x 32] B[64 x 32]^T from e4m3 operands (both K-major, the only layout
 // FP8 wgmma reads): core matrices of 8 rows x 16 values (16 bytes a row), element (r, k) at
 //   start + (r / 8) * sbo + (k / 16) * lbo + (r % 8) * 16 + k % 16.
-// d as for wgmma_m64n64k16_bf16.
+// d as for wgmma_m64n64k16_bf16. wgmma_m64k32_e4m3<N>: the same for D[64 x N], N = 8, 16, 32,
+// 64 (B: N / 8 core-matrix row groups; d[N / 2], j < N / 8).
+template <int N>
+__device__ __forceinline__ void wgmma_m64k32_e4m3(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64);
+  if constexpr (N == 8) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))
+        : "memory");
+  } else if constexpr (N == 16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))
+        : "memory");
+  } else if constexpr (N == 32) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))
+        : "memory");
+  } else if constexpr (N == 64) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))
+        : "memory");
+  }
+}
 __device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b,
                                                      bool accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))
-      : "memory");
+  wgmma_m64k32_e4m3<64>(d, desc_a, desc_b, accumulate);
 }
 // The same with D[64 x 32] (B: 32 x 16, K-major).
 __device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], std::uint64_t desc_a, std::uint64_t desc_b,
@@ -471,6 +510,11 @@ inline uint4 load_global_v4_or_zero(const void* p, bool ok, std::source_location
   if (ok) sim::vector_load(&v, p, sizeof(v), loc);
   return v;
 }
+inline float4 load_global_l2_v4(const void* p, std::source_location loc = std::source_location::current()) {
+  float4 v;
+  sim::vector_load(&v, p, sizeof(v), loc);
+  return v;
+}
 inline uint2 load_global_v2_or_zero(const void* p, bool ok, std::source_location loc = std::source_location::current()) {
   uint2 v = make_uint2(0u, 0u);
   if (ok) sim::vector_load(&v, p, sizeof(v), loc);
@@ -564,16 +608,22 @@ inline float wgmma_operand_e4m3(std::uint64_t desc, int r, int k) {
                                         : std::ldexp(static_cast<float>(8u + mantissa), static_cast<int>(exponent) - 10);
   return (code & 0x80u) != 0 ? -magnitude : magnitude;
 }
-inline void wgmma_m64n64k32_e4m3(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
-                                 std::source_location loc = std::source_location::current()) {
-  sim::wgmma_issue(desc_a, desc_b, 8, loc);
+template <int N>
+inline void wgmma_m64k32_e4m3(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
+                              std::source_location loc = std::source_location::current()) {
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64);
+  sim::wgmma_issue(desc_a, desc_b, N / 8, loc);
   const int t = static_cast<int>(threadIdx.x % 128u), w = t / 32, g = (t % 32) / 4, q = t % 4;
-  for (int i = 0; i < 32; ++i) {
+  for (int i = 0; i < N / 2; ++i) {
     const int row = 16 * w + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * q + i % 2;
     float acc = accumulate ? d[i] : 0.0f;
     for (int k = 0; k < 32; ++k) acc += wgmma_operand_e4m3(desc_a, row, k) * wgmma_operand_e4m3(desc_b, col, k);
     d[i] = acc;
   }
+}
+inline void wgmma_m64n64k32_e4m3(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
+                                 std::source_location loc = std::source_location::current()) {
+  wgmma_m64k32_e4m3<64>(d, desc_a, desc_b, accumulate, loc);
 }
 inline void wgmma_m64n64k16_bf16(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
                                  std::source_location loc = std::source_location::current()) {

@@ -42,6 +42,7 @@ const char* path_name(GemmPath p) {
     case GemmPath::kFewRows: return "few-rows";
     case GemmPath::kTiles: return "tiles";
     case GemmPath::kLibrary: return "cublaslt";
+    case GemmPath::kStream: return "stream";
     default: return "auto";
   }
 }
@@ -182,7 +183,8 @@ TEST(GpuOps, GemmQuantized) {
         DevArray<float> scales(static_cast<std::size_t>(rows * ((sh.k + 127) / 128)));
         gpu::quantize_activations(dx.get(), sh.k, rows, sh.k, codes.get(), scales.get(), nullptr, st());
         const gpu::QuantizedRows qa{codes.get(), scales.get(), sh.k};
-        for (GemmPath path : {GemmPath::kFewRows, GemmPath::kTiles, GemmPath::kLibrary}) {
+        for (GemmPath path : {GemmPath::kFewRows, GemmPath::kTiles, GemmPath::kLibrary, GemmPath::kStream}) {
+          if (path == GemmPath::kStream && f != WeightFormat::kFp8) continue;
           // bf16 output with a padded row stride (the padding must stay poisoned)
           const std::int64_t ld = sh.n + 8;
           DevArray<std::uint16_t> out(static_cast<std::size_t>(rows * ld));
@@ -220,7 +222,8 @@ TEST(GpuOps, GemmQuantized) {
         }
         if (rows == 9 || rows == 130) {
           // fp32 output against the exact (double) sum.
-          for (GemmPath path : {GemmPath::kFewRows, GemmPath::kTiles}) {
+          for (GemmPath path : {GemmPath::kFewRows, GemmPath::kTiles, GemmPath::kStream}) {
+            if (path == GemmPath::kStream && f != WeightFormat::kFp8) continue;
             DevArray<float> out(static_cast<std::size_t>(rows * sh.n));
             gpu::gemm_quantized(qa, rows, gw.w, gpu::GemmOutput{out.get(), sh.n, true}, nullptr, st(), path);
             const auto got = out.download();
@@ -387,7 +390,6 @@ TEST(GpuOps, GemmFewRowsShapes) {
   }
 }
 
-// rows_dev: a device row count below `rows` limits the rows computed (graph replay).
 // The GPU layout of fp4 weights: in each full 128-wide k unit of a row, word 4s + t moves to
 // 4t + s; a tail (k % 128) and the bytes of other rows stay; converting twice gives the input back.
 TEST(GpuOps, Fp4GpuLayout) {
@@ -415,6 +417,77 @@ TEST(GpuOps, Fp4GpuLayout) {
   }
 }
 
+// The weight-streaming kernel's plans (gemm_stream.h): one CTA per tile or several tiles a CTA,
+// k split over CTAs (unevenly; partials added by the last to arrive), activation rows of 8 to 64 a
+// CTA and several such blocks, weights whose last tile is partial, k tails. Each product runs twice
+// (the arrival counts must be back at zero, and the bits must repeat). Against cpu linear, element
+// by element: one bf16 ulp plus the summation-order bound (the FP8 tensor cores keep fewer bits
+// than fp32 inside a product chain: order_bound).
+TEST(GpuOps, GemmStreamShapes) {
+  struct Case {
+    GemmShape shape;
+    std::vector<std::int64_t> rows;
+    const char* what;
+  };
+  // (Plans on 132 multiprocessors; the simulator reports 132 too.)
+  std::vector<Case> cases = {{{25600, 128}, {1, 64}, "400 tiles: two a CTA, one split"},
+                             {{4104, 4096}, {1, 9, 64}, "65 tiles, the last of 8 rows; splits of 6 / 8 / 3 units, the last shorter"},
+                             {{320, 16384}, {33, 128}, "64 splits; 26 splits and 2 blocks of 64 rows"},
+                             {{96, 1184}, {5, 17}, "k tail of 32 in the last unit"}};
+  for (const Case& c : cases) {
+    const GemmShape& sh = c.shape;
+    std::mt19937_64 rng(seed_of({17, sh.n, sh.k}));
+    const TestWeight tw = make_weight(WeightFormat::kFp8, sh.n, sh.k, 0.05f, rng);
+    const DenseWeight dw = tw.dense();
+    DevWeight gw = upload_weight(tw);
+    Sweep sweep;
+    for (std::int64_t rows : c.rows) {
+      if (small() && rows > 16 && sh.n * sh.k > (std::int64_t{1} << 22)) continue;
+      std::vector<float> x = bf16_activations(static_cast<std::size_t>(rows * sh.k), 1.0f, rng);
+      std::vector<float> ref(static_cast<std::size_t>(rows * sh.n));
+      linear(x, rows, dw, ref, cpu_pool());
+      std::vector<double> mag(ref.size());  // sum |a_i w_i| of each output
+      cpu_pool()->parallel_for(0, rows, [&](std::int64_t r) {
+        std::vector<float> xs(x.begin() + r * sh.k, x.begin() + (r + 1) * sh.k);
+        fp8_simulate_activation(xs);
+        for (std::int64_t o = 0; o < sh.n; ++o) {
+          double m = 0;
+          const float* wr = tw.values.data() + o * sh.k;
+          for (std::int64_t kk = 0; kk < sh.k; ++kk) m += std::fabs(static_cast<double>(xs[static_cast<std::size_t>(kk)]) * wr[kk]);
+          mag[static_cast<std::size_t>(r * sh.n + o)] = m;
+        }
+      });
+      DevArray<std::uint16_t> dx(to_bf16(x));
+      DevArray<std::uint8_t> codes(static_cast<std::size_t>(rows * sh.k));
+      DevArray<float> scales(static_cast<std::size_t>(rows * ((sh.k + 127) / 128)));
+      gpu::quantize_activations(dx.get(), sh.k, rows, sh.k, codes.get(), scales.get(), nullptr, st());
+      DevArray<std::uint16_t> out(static_cast<std::size_t>(rows * sh.n));
+      std::vector<std::uint16_t> first_bits;
+      for (int rep = 0; rep < 2; ++rep) {
+        gpu::gemm_quantized(gpu::QuantizedRows{codes.get(), scales.get(), sh.k}, rows, gw.w, gpu::GemmOutput{out.get(), sh.n, false}, nullptr,
+                            st(), GemmPath::kStream);
+        const std::vector<std::uint16_t> bits = out.download();
+        const std::vector<float> got = from_bf16(bits);
+        const ErrStats s = compare(got, ref);
+        NearCheck near;
+        for (std::size_t i = 0; i < got.size(); ++i) near.check(got[i], ref[i], mag[i], order_bound(sh.k), true, static_cast<std::int64_t>(i));
+        const std::string shape = fmt::format("stream rows {} n {} k {} run {}", rows, sh.n, sh.k, rep);
+        EXPECT_EQ(s.nonfinite, 0) << shape;
+        EXPECT_LT(s.rel_l2(), 1e-2) << shape;
+        EXPECT_EQ(near.bad, 0) << shape << ": " << near.first;
+        if (rep == 0) {
+          first_bits = bits;
+          sweep.add("gemm_quantized", fmt::format("fp8 stream n {} k {}", sh.n, sh.k), s, c.what);
+        } else {
+          EXPECT_EQ(bits, first_bits) << shape << ": the same product twice must give the same bits";
+        }
+      }
+    }
+    sweep.flush("rows as listed");
+  }
+}
+
+// rows_dev: a device row count below `rows` limits the rows computed (graph replay).
 TEST(GpuOps, GemmRowsDevLimit) {
   std::mt19937_64 rng(seed_of({3}));
   const std::int64_t n = 96, k = 128, rows = 20, live = 11;
@@ -423,7 +496,7 @@ TEST(GpuOps, GemmRowsDevLimit) {
   std::vector<float> x = bf16_activations(static_cast<std::size_t>(rows * k), 1.0f, rng);
   DevArray<std::uint16_t> dx(to_bf16(x));
   DevArray<std::int32_t> rows_dev(std::vector<std::int32_t>{static_cast<std::int32_t>(live)});
-  for (GemmPath path : {GemmPath::kFewRows, GemmPath::kTiles}) {
+  for (GemmPath path : {GemmPath::kFewRows, GemmPath::kTiles, GemmPath::kStream}) {
     DevArray<std::uint8_t> codes(static_cast<std::size_t>(rows * k));
     DevArray<float> scales(static_cast<std::size_t>(rows));
     gpu::quantize_activations(dx.get(), k, rows, k, codes.get(), scales.get(), rows_dev.get(), st());

@@ -10,6 +10,8 @@
 #include <type_traits>
 
 #include "cuda/kernels/gemm_library.h"
+#include "cuda/kernels/gemm_output.cuh"
+#include "cuda/kernels/gemm_stream.h"
 #include "cuda/kernels/launch_check.h"
 #include "cuda/device.h"
 #include "cuda/kernels/numerics.cuh"
@@ -108,14 +110,6 @@ __device__ __forceinline__ RowTile row_tile(int tile_index, int tile_m, std::int
 // Activation row read by tile row m.
 __device__ __forceinline__ std::int64_t source_row(const RowTile& t, int m, const ExpertTiles& tiles, bool experts) {
   return experts && tiles.source_row != nullptr ? static_cast<std::int64_t>(tiles.source_row[t.first + m]) : t.first + m;
-}
-
-__device__ __forceinline__ void store_out(const GemmOutput& out, std::int64_t row, std::int64_t col, float v) {
-  if (out.f32) {
-    static_cast<float*>(out.data)[row * out.ld + col] = v;
-  } else {
-    store_bf16(static_cast<std::uint16_t*>(out.data) + row * out.ld + col, v);
-  }
 }
 
 // ---- tensor-core kernel for few rows --------------------------------------------------------------
@@ -819,13 +813,16 @@ bool library_opted_in() {
 // where the tile kernel at 32-128 rows loses to re-reading the weight per 8 rows until it has
 // about one 128 x 128 tile per SM.
 bool use_small(std::int64_t rows, std::int64_t n, GemmPath path) {
-  if (path == GemmPath::kFewRows) return true;
+  if (path == GemmPath::kFewRows || path == GemmPath::kStream) return true;
   if (path == GemmPath::kTiles || path == GemmPath::kLibrary) return false;
   if (rows <= 16) return true;
   if (path == GemmPath::kAutoPrefill) return false;
   const std::int64_t tile_ctas = ((n + kTileN - 1) / kTileN) * ((rows + kTileM - 1) / kTileM);
   return rows <= 128 && tile_ctas < 132;
 }
+
+// Dense fp8 weights: the weight-streaming kernel only when asked for (gemm.h GemmPath::kStream).
+bool use_stream(GemmPath path) { return path == GemmPath::kStream; }
 
 }  // namespace
 
@@ -862,6 +859,10 @@ void gemm_quantized(const QuantizedRows& a, std::int64_t rows, const DeviceWeigh
   if (rows <= 0) return;
   if (a.k != w.k) launch_error("gemm_quantized: activations of {} columns for a weight of {}", {a.k, w.k});
   if (w.format == WeightFormat::kBf16) launch_error("gemm_quantized: bf16 weights take gemm_bf16");
+  if (w.format == WeightFormat::kFp8 && use_stream(path)) {
+    gemm_stream_fp8(a, rows, w, out, rows_dev, stream);
+    return;
+  }
   if (use_small(rows, w.n, path)) {
     SmallArgs s{a.codes, a.scales, nullptr, 0, 0, w.k, w, 0, out, rows, rows_dev, {}, false};
     const std::int64_t tiles = (rows + kSmallRows - 1) / kSmallRows;

@@ -79,7 +79,11 @@ struct ExpertTiles {
 // steps) while the same products alone matched (GemmLibraryScales): not understood yet. kAuto
 // never takes cuBLASLt: decode steps are captured into graphs whose row count is read on the
 // device. gemm_bf16 and the expert products have no library path (kLibrary runs their tiles).
-enum class GemmPath : std::int32_t { kAuto, kAutoPrefill, kFewRows, kTiles, kLibrary };
+// kStream: the weight-streaming wgmma kernel for dense fp8 weights (gemm_stream.h; fp4 weights take
+// the few-rows kernel there). Opt-in: on 2026-12-02 it lost to the few-rows kernel up to 16 rows
+// and to cuBLASLt beyond, and its FP8 tensor-core sums moved the GPU model's chunked-prefill logits
+// further from one-shot than the other kernels do (docs/perf.md).
+enum class GemmPath : std::int32_t { kAuto, kAutoPrefill, kFewRows, kTiles, kLibrary, kStream };
 
 inline constexpr int kSmallRows = 8;    // rows the few-rows kernel takes at once
 inline constexpr int kTileRows = 128;   // rows of a tensor-core tile

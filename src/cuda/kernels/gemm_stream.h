@@ -1,0 +1,41 @@
+// The weight-streaming product of dense fp8 weights for decode-sized row counts (gemm.h
+// GemmPath::kStream, opt-in: gemm.h says why the executor does not pick it yet). Numerics as the
+// other fp8 kernels (SPEC.md 5a) -- e4m3 activations with one scale per row and 128 k, sums per
+// 128-wide k unit scaled by (activation scale x 128 x 128 weight block scale) and added unit by unit
+// in fp32, bf16 or fp32 output -- except that FP8 wgmma sums its products with fewer bits than
+// fp32 (about 1e-4 relative, docs/perf.md). CPU twin: cpu/linear.h linear().
+//
+// How (gemm_stream.cu): at a handful of rows the product is bound by reading the weight once. A CTA
+// is one warpgroup; it takes 64 weight rows (a tile) x a range of k units (a split) x up to 64
+// activation rows (a token block). The weight flows through a ring of shared-memory stages (cp.async,
+// in the core-matrix layout wgmma's descriptors read) into wgmma m64nNk32 e4m3 (N = 8 / 16 / 32 / 64
+// activation rows); the activations of the CTA's k range are staged once. Where the tiles alone
+// leave the GPU short of CTAs, k is split over CTAs: each writes its fp32 partial tile to a
+// workspace, and the last of a tile's CTAs to arrive (an atomic count) adds the partials in split
+// order -- the same bits whatever order the CTAs ran in.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/kernels/gemm.h"
+
+namespace dsv4::gpu {
+
+// out[r] = W . dequant(a[r]) for rows [0, rows) of a dense fp8 weight (k a multiple of 32).
+void gemm_stream_fp8(const QuantizedRows& a, std::int64_t rows, const DeviceWeight& w, const GemmOutput& out,
+                     const std::int32_t* rows_dev, gpu_stream_t stream);
+
+// The split-K workspace of one stream (gemm_stream_workspace.cc): at least `partial_floats` fp32
+// partials and `counters` arrival counts, the counts zero between products (each product's last
+// CTAs put theirs back to zero). Grows (after a device synchronization) when a product needs more,
+// so the first product of a shape must not run inside a stream capture; the executor runs every
+// graph's step once eagerly first.
+struct StreamWorkspace {
+  float* partial = nullptr;
+  std::int32_t* counters = nullptr;
+};
+StreamWorkspace stream_workspace(gpu_stream_t stream, std::int64_t partial_floats, std::int64_t counters);
+// Multiprocessors of the current device (cached).
+int stream_sm_count();
+
+}  // namespace dsv4::gpu
