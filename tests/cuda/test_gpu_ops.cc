@@ -431,8 +431,8 @@ TEST(GpuOps, GemmStreamShapes) {
   };
   // (Plans on 132 multiprocessors; the simulator reports 132 too.)
   std::vector<Case> cases = {{{25600, 128}, {1, 64}, "400 tiles: two a CTA, one split"},
-                             {{4104, 4096}, {1, 9, 64}, "65 tiles, the last of 8 rows; splits of 6 / 8 / 3 units, the last shorter"},
-                             {{320, 16384}, {33, 128}, "64 splits; 26 splits and 2 blocks of 64 rows"},
+                             {{4104, 4096}, {1, 9, 64}, "65 tiles (the last of 8 rows), several a CTA; uneven splits"},
+                             {{320, 16384}, {33, 128}, "5 tiles, over 20 splits; 2 blocks of 64 rows"},
                              {{96, 1184}, {5, 17}, "k tail of 32 in the last unit"}};
   for (const Case& c : cases) {
     const GemmShape& sh = c.shape;

@@ -1,11 +1,9 @@
-// The weight-streaming product of dense fp8 weights for few rows (gemm_stream.h): wgmma with the
-// weight in registers. CPU twin: cpu/linear.cc linear().
+// The weight-streaming product of dense fp8 weights for few rows (gemm_stream.h): f16 wgmma on
+// the exact f16 values of the e4m3 codes. CPU twin: cpu/linear.cc linear().
 #include "cuda/kernels/gemm_stream.h"
 
 #include <algorithm>
 #include <cstdint>
-#include <tuple>
-#include <utility>
 
 #include "cuda/device.h"
 #include "cuda/kernels/gemm_output.cuh"
@@ -18,13 +16,12 @@ namespace {
 constexpr int kThreads = 128;       // one warpgroup
 constexpr int kWeightTile = 64;     // weight rows of a tile (wgmma's M)
 constexpr int kUnitK = 128;         // k of a unit: one weight-scale block, one activation scale
-constexpr int kUnitBytes = kWeightTile * kUnitK;  // one unit of a tile's weight: 8 KiB
-constexpr int kStepBytes = 32;      // bytes of one activation row in one k32 step
+constexpr int kUnitBytes = kWeightTile * kUnitK;  // one unit of a tile's weight, e4m3: 8 KiB
 constexpr int kSmemLimit = 225 * 1024;  // dynamic shared memory a CTA may take (227 KiB less the static part)
 constexpr std::int64_t kPartialBudget = std::int64_t{8} << 20;  // fp32 partials (32 MiB)
 
 // Units of weight in flight per CTA (the shared-memory ring), by activation rows.
-__host__ __device__ constexpr int ring_stages(int nt) { return nt <= 16 ? 8 : 6; }
+__host__ __device__ constexpr int ring_stages(int nt) { return nt <= 16 ? 6 : 4; }
 
 struct StreamArgs {
   const std::uint8_t* codes;   // activations [rows][k] e4m3
@@ -41,17 +38,24 @@ struct StreamArgs {
   std::int32_t* counters;      // [tile][token block]
 };
 
-// Shared memory of a CTA whose split has `units` units: the weight ring, the activations of the
-// split (wgmma's B operand, per k32 step), their scales [unit][NT].
+// Shared memory of a CTA whose split has `units` units: the e4m3 weight ring, two units of weight
+// as f16 (wgmma's A operand, alternating), the split's activations as f16 (the B operand) and their
+// scales [unit][NT].
 __host__ __device__ constexpr int smem_bytes(int nt, int units) {
-  return ring_stages(nt) * kUnitBytes + units * (4 * nt * kStepBytes + nt * 4);
+  return ring_stages(nt) * kUnitBytes + 4 * kUnitBytes + units * (nt * kUnitK * 2 + nt * 4);
 }
 
-// Operand layouts (K-major without swizzle, device.h wgmma_m64n64k32_e4m3): a unit of the weight is
-// 8 chunks of 16 k by 64 rows, chunk c of row r at c * 1024 + (r / 8) * 128 + (r % 8) * 16 (a k32
-// step's A starts at chunk 2 j: lbo 1024, sbo 128). The activations of step j of unit u: row r,
-// chunk c (0, 1) at (4 u + j) * NT * 32 + (r / 8) * 256 + c * 128 + (r % 8) * 16 (lbo 128, sbo 256).
-__device__ __forceinline__ int a_offset(int r, int chunk) { return chunk * 1024 + (r >> 3) * 128 + (r & 7) * 16; }
+// Operand layouts (K-major without swizzle, device.h wgmma_m64n64k16_bf16; f16 core matrices of 8
+// rows x 8 values). A, one unit: row r, k group kg (8 values) at kg * 1024 + (r / 8) * 128 + (r % 8)
+// * 16 (k16 step j starts at group 2 j: lbo 1024, sbo 128). B, unit u: row r, group kg at u * NT *
+// 256 + kg * NT * 16 + (r / 8) * 128 + (r % 8) * 16 (step j at group 2 j: lbo NT * 16, sbo 128).
+__device__ __forceinline__ int a_offset(int r, int kg) { return kg * 1024 + (r >> 3) * 128 + (r & 7) * 16; }
+
+// 16 e4m3 codes as 16 f16 (exact): k 0..7 and 8..15.
+__device__ __forceinline__ void e4m3x16_to_f16(const uint4& v, uint4& lo, uint4& hi) {
+  lo = make_uint4(e4m3x2_to_f16x2(v.x), e4m3x2_to_f16x2(v.x >> 16), e4m3x2_to_f16x2(v.y), e4m3x2_to_f16x2(v.y >> 16));
+  hi = make_uint4(e4m3x2_to_f16x2(v.z), e4m3x2_to_f16x2(v.z >> 16), e4m3x2_to_f16x2(v.w), e4m3x2_to_f16x2(v.w >> 16));
+}
 
 template <int NT>
 __global__ void __launch_bounds__(kThreads) stream_fp8_kernel(StreamArgs args) {
@@ -69,40 +73,44 @@ __global__ void __launch_bounds__(kThreads) stream_fp8_kernel(StreamArgs args) {
   const int n_units = (args.units - u_begin < args.units_per_split ? args.units - u_begin : args.units_per_split);
   const std::int64_t k = args.k;
   std::uint8_t* ring = smem;
-  std::uint8_t* b_smem = smem + kStages * kUnitBytes;
-  float* sa_smem = reinterpret_cast<float*>(b_smem + n_units * 4 * NT * kStepBytes);
+  std::uint8_t* a_smem = ring + kStages * kUnitBytes;
+  std::uint8_t* b_smem = a_smem + 4 * kUnitBytes;
+  float* sa_smem = reinterpret_cast<float*>(b_smem + n_units * NT * kUnitK * 2);
 
   // The CTA's tiles: blockIdx.x, + gridDim.x, ...; items = (tile, unit) pairs in that order.
   const int my_tiles = (args.tiles - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
   const int items = my_tiles * n_units;
   auto tile_of = [&](int item) { return static_cast<int>(blockIdx.x) + (item / n_units) * static_cast<int>(gridDim.x); };
-  // A unit of weight into ring slot `slot`: thread (warp, lane) copies rows lane / 4 + 8 warp (+ 32)
-  // chunks lane % 4 (+ 4): each instruction of a warp reads 64 contiguous bytes of 8 rows.
+  // Thread (warp, lane) owns rows lane / 4 + 8 warp (+ 32) and 16-value chunks lane % 4 (+ 4) of
+  // every unit: each copy instruction of a warp reads 64 contiguous bytes of 8 rows. The ring holds
+  // a thread's own four chunks only (it alone reads them back), so the ring needs no barrier.
+  auto chunk_row = [&](int i) { return g + 8 * warp + 32 * (i >> 1); };
+  auto chunk_col = [&](int i) { return q + 4 * (i & 1); };
   auto load_unit = [&](int item, int slot) {
     const std::int64_t row0 = static_cast<std::int64_t>(tile_of(item)) * kWeightTile;
     const std::int64_t k0 = static_cast<std::int64_t>(u_begin + item % n_units) * kUnitK;
-    std::uint8_t* dst = ring + slot * kUnitBytes;
     DSV4_UNROLL
     for (int i = 0; i < 4; ++i) {
-      const int r = g + 8 * warp + 32 * (i >> 1), c = q + 4 * (i & 1);
+      const int r = chunk_row(i), c = chunk_col(i);
       const bool ok = row0 + r < args.n && k0 + 16 * c < k;
-      cp_async_16_zfill(dst + a_offset(r, c), ok ? args.w + (row0 + r) * k + k0 + 16 * c : args.w, ok);
+      cp_async_16_zfill(ring + slot * kUnitBytes + i * (16 * kThreads) + 16 * tid, ok ? args.w + (row0 + r) * k + k0 + 16 * c : args.w, ok);
     }
   };
 
-  // Group 0: the split's activations (16-byte chunks straight into the B layout) and the first unit;
-  // groups 1 .. kStages - 2: the next units.
-  for (int i = tid; i < NT * n_units * 8; i += kThreads) {
-    const int r = i / (n_units * 8), rem = i % (n_units * 8), ul = rem >> 3, c = rem & 7;
-    const std::int64_t kk = static_cast<std::int64_t>(u_begin + ul) * kUnitK + 16 * c;
-    const bool ok = r < count && kk < k;
-    std::uint8_t* dst = b_smem + (ul * 4 + (c >> 1)) * (NT * kStepBytes) + (r >> 3) * 256 + (c & 1) * 128 + (r & 7) * 16;
-    cp_async_16_zfill(dst, ok ? args.codes + (tok0 + r) * k + kk : args.codes, ok);
-  }
+  // Groups 0 .. kStages - 2: the first units. Meanwhile the split's activations, as f16.
   DSV4_UNROLL
   for (int p = 0; p < kStages - 1; ++p) {
     if (p < items) load_unit(p, p);
     cp_async_commit();
+  }
+  for (int i = tid; i < NT * n_units * 8; i += kThreads) {
+    const int r = i / (n_units * 8), rem = i % (n_units * 8), ul = rem >> 3, c = rem & 7;
+    const std::int64_t kk = static_cast<std::int64_t>(u_begin + ul) * kUnitK + 16 * c;
+    uint4 lo, hi;
+    e4m3x16_to_f16(load_global_v4_or_zero(args.codes + (tok0 + r) * k + kk, r < count && kk < k), lo, hi);
+    std::uint8_t* dst = b_smem + ul * (NT * 256) + (2 * c) * (NT * 16) + (r >> 3) * 128 + (r & 7) * 16;
+    *reinterpret_cast<uint4*>(dst) = lo;
+    *reinterpret_cast<uint4*>(dst + NT * 16) = hi;
   }
   for (int i = tid; i < NT * n_units; i += kThreads) {
     const int ul = i / NT, r = i % NT;
@@ -110,47 +118,54 @@ __global__ void __launch_bounds__(kThreads) stream_fp8_kernel(StreamArgs args) {
   }
 
   const int row_in_tile = 16 * warp + g;
-  float acc[NT / 2], part[4][NT / 2];
+  float acc[NT / 2], part[NT / 2];
   DSV4_UNROLL
-  for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
-  DSV4_UNROLL
-  for (int j = 0; j < 4; ++j)
-    DSV4_UNROLL
-    for (int i = 0; i < NT / 2; ++i) part[j][i] = 0.0f;
+  for (int i = 0; i < NT / 2; ++i) acc[i] = part[i] = 0.0f;
 
   for (int item = 0; item < items; ++item) {
     const int slot = item % kStages, ul = item % n_units, tile = tile_of(item);
-    cp_async_wait<kStages - 2>();  // this thread's copies of unit `item` (and the activations) landed
-    fence_proxy_async_shared();    // ... visible to wgmma
-    __syncthreads();               // everyone's; and every thread is past unit item - 1's products
+    cp_async_wait<kStages - 2>();  // this thread's chunks of unit `item` landed
+    uint4 raw[4];
+    DSV4_UNROLL
+    for (int i = 0; i < 4; ++i) raw[i] = *reinterpret_cast<const uint4*>(ring + slot * kUnitBytes + i * (16 * kThreads) + 16 * tid);
+    // The slot this thread read last time is free: the next unit goes there.
     if (item + kStages - 1 < items) load_unit(item + kStages - 1, (item + kStages - 1) % kStages);
     cp_async_commit();
-    // One product per k32 step, each into its own fp32 registers, added in fp32: FP8 wgmma keeps
-    // fewer bits than fp32 while it sums (measured on the H200: about 1e-4 relative to the sums
-    // with one product chain per k32 step, 2e-4 with one chain per 128-wide unit).
+    // The unit as f16 into A buffer item % 2 (its last readers, unit item - 2's products, were
+    // waited for by every thread before the previous barrier), visible to wgmma, then everyone's.
+    std::uint8_t* a_unit = a_smem + (item & 1) * (2 * kUnitBytes);
+    DSV4_UNROLL
+    for (int i = 0; i < 4; ++i) {
+      uint4 lo, hi;
+      e4m3x16_to_f16(raw[i], lo, hi);
+      *reinterpret_cast<uint4*>(a_unit + a_offset(chunk_row(i), 2 * chunk_col(i))) = lo;
+      *reinterpret_cast<uint4*>(a_unit + a_offset(chunk_row(i), 2 * chunk_col(i) + 1)) = hi;
+    }
+    fence_proxy_async_shared();
+    __syncthreads();
+    // The unit's eight k16 steps in one chain: f16 products are exact and f16 wgmma sums in fp32
+    // (FP8 wgmma keeps fewer bits: about 1e-4 relative on the H200, docs/perf.md).
     wgmma_fence();
     DSV4_UNROLL
-    for (int j = 0; j < 4; ++j) {
-      const std::uint64_t da = wgmma_descriptor(ring + slot * kUnitBytes + 2 * j * 1024, 1024, 128);
-      const std::uint64_t db = wgmma_descriptor(b_smem + (ul * 4 + j) * (NT * kStepBytes), 128, 256);
-      wgmma_m64k32_e4m3<NT>(part[j], da, db, false);
+    for (int j = 0; j < 8; ++j) {
+      const std::uint64_t da = wgmma_descriptor(a_unit + 2 * j * 1024, 1024, 128);
+      const std::uint64_t db = wgmma_descriptor(b_smem + ul * (NT * 256) + 2 * j * (NT * 16), NT * 16, 128);
+      wgmma_m64k16_f16<NT>(part, da, db, j != 0);
     }
     wgmma_commit();
     wgmma_wait<0>();
-    DSV4_UNROLL
-    for (int j = 0; j < 4; ++j) wgmma_fence_operands(part[j]);
-    // acc += the unit's sum x (weight block scale x activation scale); part[j][4 m + e]: weight
-    // row 16 warp + g + 8 (e / 2), activation row 8 m + 2 q + e % 2.
+    wgmma_fence_operands(part);
+    // acc += the unit's sum x (weight block scale x activation scale); part[4 m + e]: weight row
+    // 16 warp + g + 8 (e / 2), activation row 8 m + 2 q + e % 2.
     const float ws = args.w_scales[static_cast<std::int64_t>(tile / 2) * args.units + u_begin + ul];
     DSV4_UNROLL
     for (int m = 0; m < NT / 8; ++m) {
       const float2 sa = *reinterpret_cast<const float2*>(sa_smem + ul * NT + 8 * m + 2 * q);
       const float f0 = ws * sa.x, f1 = ws * sa.y;
-      DSV4_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        const float sum = (part[0][4 * m + e] + part[1][4 * m + e]) + (part[2][4 * m + e] + part[3][4 * m + e]);
-        acc[4 * m + e] += sum * ((e & 1) != 0 ? f1 : f0);
-      }
+      acc[4 * m + 0] += part[4 * m + 0] * f0;
+      acc[4 * m + 1] += part[4 * m + 1] * f1;
+      acc[4 * m + 2] += part[4 * m + 2] * f0;
+      acc[4 * m + 3] += part[4 * m + 3] * f1;
     }
     if (ul != n_units - 1) continue;
 
@@ -250,9 +265,8 @@ void gemm_stream_fp8(const QuantizedRows& a, std::int64_t rows, const DeviceWeig
     for (int p = 1; p <= args.units && smem_bytes(nt, p) <= kSmemLimit; ++p) {
       const std::int64_t splits = (args.units + p - 1) / p;
       if (within_budget && splits > 1 && work * splits * kWeightTile * nt > kPartialBudget) continue;
-      // CTAs resident at once: by shared memory, and by registers (~200 a thread at 64 rows: 2 a
-      // multiprocessor; <= 128 otherwise: 4).
-      const std::int64_t slots = std::clamp(kSmemLimit / (smem_bytes(nt, p) + 1024), 1, nt == 64 ? 2 : 4) * sms;
+      // CTAs resident at once: by shared memory (and at most 4: 128 threads of <= 128 registers).
+      const std::int64_t slots = std::clamp(kSmemLimit / (smem_bytes(nt, p) + 1024), 1, 4) * sms;
       const std::int64_t along = std::max<std::int64_t>(1, slots / (splits * args.token_blocks));
       const std::int64_t tiles_per_cta = (args.tiles + along - 1) / along;
       const std::int64_t grid_x = (args.tiles + tiles_per_cta - 1) / tiles_per_cta;

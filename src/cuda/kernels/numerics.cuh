@@ -4,6 +4,7 @@
 // where the CPU rounds each product: nvcc would otherwise contract a * b + c).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "cuda/device.h"
@@ -166,6 +167,29 @@ __device__ __forceinline__ std::uint32_t e4m3x2_to_bf16x2(std::uint32_t codes, f
   const std::uint32_t lo = bf16_bits(e4m3_value(static_cast<std::uint8_t>(codes & 0xffu)) * scale);
   const std::uint32_t hi = bf16_bits(e4m3_value(static_cast<std::uint8_t>((codes >> 8) & 0xffu)) * scale);
   return lo | (hi << 16);
+#endif
+}
+
+// Two e4m3 codes (the low 16 bits) as two f16 (low half = low byte): exact (every e4m3 value is
+// a normal f16 or zero; NaN stays NaN). The device's conversion instruction; the simulator's by
+// the value.
+__device__ __forceinline__ std::uint32_t e4m3x2_to_f16x2(std::uint32_t codes) {
+#if defined(__CUDA_ARCH__)
+  std::uint32_t h2;
+  const unsigned short in = static_cast<unsigned short>(codes);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+  return h2;
+#else
+  auto half_bits = [](std::uint8_t code) -> std::uint32_t {
+    const float v = e4m3_value(code);
+    const std::uint32_t sign = (code & 0x80u) != 0 ? 0x8000u : 0u;
+    if (v != v) return 0x7E00u;
+    if (v == 0.0f) return sign;
+    int e = 0;
+    const float f = std::frexp(std::fabs(v), &e);  // |v| = f 2^e, f in [0.5, 1)
+    return sign | (static_cast<std::uint32_t>(e - 1 + 15) << 10) | static_cast<std::uint32_t>((2.0f * f - 1.0f) * 1024.0f);
+  };
+  return half_bits(static_cast<std::uint8_t>(codes & 0xffu)) | (half_bits(static_cast<std::uint8_t>((codes >> 8) & 0xffu)) << 16);
 #endif
 }
 
