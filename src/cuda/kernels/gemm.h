@@ -80,9 +80,8 @@ struct ExpertTiles {
 // never takes cuBLASLt: decode steps are captured into graphs whose row count is read on the
 // device. gemm_bf16 and the expert products have no library path (kLibrary runs their tiles).
 // kStream: the weight-streaming wgmma kernel for dense fp8 weights (gemm_stream.h; fp4 weights take
-// the few-rows kernel there). Opt-in: on 2026-12-02 it lost to the few-rows kernel up to 16 rows
-// and to cuBLASLt beyond, and its FP8 tensor-core sums moved the GPU model's chunked-prefill logits
-// further from one-shot than the other kernels do (docs/perf.md).
+// the few-rows kernel there). Opt-in: on 2026-12-02 (H200) it took 1.4-2.2x the few-rows kernel's
+// time at 1-8 rows and 1.0-5.7x cuBLASLt's at 64 (docs/perf.md).
 enum class GemmPath : std::int32_t { kAuto, kAutoPrefill, kFewRows, kTiles, kLibrary, kStream };
 
 inline constexpr int kSmallRows = 8;    // rows the few-rows kernel takes at once

@@ -2,14 +2,16 @@
 // GemmPath::kStream, opt-in: gemm.h says why the executor does not pick it yet). Numerics as the
 // other fp8 kernels (SPEC.md 5a) -- e4m3 activations with one scale per row and 128 k, sums per
 // 128-wide k unit scaled by (activation scale x 128 x 128 weight block scale) and added unit by unit
-// in fp32, bf16 or fp32 output -- except that FP8 wgmma sums its products with fewer bits than
-// fp32 (about 1e-4 relative, docs/perf.md). CPU twin: cpu/linear.h linear().
+// in fp32, bf16 or fp32 output. The products run as f16 wgmma on the exact f16 values of the e4m3
+// codes: FP8 wgmma sums with fewer bits than fp32 (about 1e-4 relative on the H200, docs/perf.md),
+// f16 wgmma in fp32. CPU twin: cpu/linear.h linear().
 //
 // How (gemm_stream.cu): at a handful of rows the product is bound by reading the weight once. A CTA
 // is one warpgroup; it takes 64 weight rows (a tile) x a range of k units (a split) x up to 64
-// activation rows (a token block). The weight flows through a ring of shared-memory stages (cp.async,
-// in the core-matrix layout wgmma's descriptors read) into wgmma m64nNk32 e4m3 (N = 8 / 16 / 32 / 64
-// activation rows); the activations of the CTA's k range are staged once. Where the tiles alone
+// activation rows (a token block). The weight flows through a ring of shared-memory stages
+// (cp.async), is converted unit by unit to f16 in the core-matrix layout wgmma's descriptors read,
+// and goes into wgmma m64nNk16 f16 (N = 8 / 16 / 32 / 64 activation rows); the activations of the
+// CTA's k range are staged once, as f16. Where the tiles alone
 // leave the GPU short of CTAs, k is split over CTAs: each writes its fp32 partial tile to a
 // workspace, and the last of a tile's CTAs to arrive (an atomic count) adds the partials in split
 // order -- the same bits whatever order the CTAs ran in.
