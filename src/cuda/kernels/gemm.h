@@ -80,8 +80,9 @@ struct ExpertTiles {
 // never takes cuBLASLt: decode steps are captured into graphs whose row count is read on the
 // device. gemm_bf16 and the expert products have no library path (kLibrary runs their tiles).
 // kStream: the weight-streaming wgmma kernel for dense fp8 weights (gemm_stream.h; fp4 weights take
-// the few-rows kernel there). Opt-in: on 2026-12-02 (H200) it took 1.4-2.2x the few-rows kernel's
-// time at 1-8 rows and 1.0-5.7x cuBLASLt's at 64 (docs/perf.md).
+// the few-rows kernel there). Opt-in: on 2026-12-02 (H200) it took 1.4-1.9x the few-rows kernel's
+// time at 1-8 rows, and at 64 rows 0.6-2.0x the few-rows kernel's and 0.9-4.4x cuBLASLt's
+// (docs/perf.md).
 enum class GemmPath : std::int32_t { kAuto, kAutoPrefill, kFewRows, kTiles, kLibrary, kStream };
 
 inline constexpr int kSmallRows = 8;    // rows the few-rows kernel takes at once

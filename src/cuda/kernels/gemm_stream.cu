@@ -20,8 +20,7 @@ constexpr int kUnitBytes = kWeightTile * kUnitK;  // one unit of a tile's weight
 constexpr int kSmemLimit = 225 * 1024;  // dynamic shared memory a CTA may take (227 KiB less the static part)
 constexpr std::int64_t kPartialBudget = std::int64_t{8} << 20;  // fp32 partials (32 MiB)
 
-// Units of weight in flight per CTA (the shared-memory ring), by activation rows.
-__host__ __device__ constexpr int ring_stages(int nt) { return nt <= 16 ? 6 : 4; }
+constexpr int kDepth = 4;           // units of weight a thread has in flight (its registers)
 
 struct StreamArgs {
   const std::uint8_t* codes;   // activations [rows][k] e4m3
@@ -38,12 +37,9 @@ struct StreamArgs {
   std::int32_t* counters;      // [tile][token block]
 };
 
-// Shared memory of a CTA whose split has `units` units: the e4m3 weight ring, two units of weight
-// as f16 (wgmma's A operand, alternating), the split's activations as f16 (the B operand) and their
-// scales [unit][NT].
-__host__ __device__ constexpr int smem_bytes(int nt, int units) {
-  return ring_stages(nt) * kUnitBytes + 4 * kUnitBytes + units * (nt * kUnitK * 2 + nt * 4);
-}
+// Shared memory of a CTA whose split has `units` units: two units of weight as f16 (wgmma's A
+// operand, alternating), the split's activations as f16 (the B operand) and their scales [unit][NT].
+__host__ __device__ constexpr int smem_bytes(int nt, int units) { return 4 * kUnitBytes + units * (nt * kUnitK * 2 + nt * 4); }
 
 // Operand layouts (K-major without swizzle, device.h wgmma_m64n64k16_bf16; f16 core matrices of 8
 // rows x 8 values). A, one unit: row r, k group kg (8 values) at kg * 1024 + (r / 8) * 128 + (r % 8)
@@ -59,7 +55,6 @@ __device__ __forceinline__ void e4m3x16_to_f16(const uint4& v, uint4& lo, uint4&
 
 template <int NT>
 __global__ void __launch_bounds__(kThreads) stream_fp8_kernel(StreamArgs args) {
-  constexpr int kStages = ring_stages(NT);
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
   __shared__ int last_arrival;
   const std::int64_t limit = args.rows_dev == nullptr ? args.rows
@@ -72,8 +67,7 @@ __global__ void __launch_bounds__(kThreads) stream_fp8_kernel(StreamArgs args) {
   const int u_begin = split * args.units_per_split;
   const int n_units = (args.units - u_begin < args.units_per_split ? args.units - u_begin : args.units_per_split);
   const std::int64_t k = args.k;
-  std::uint8_t* ring = smem;
-  std::uint8_t* a_smem = ring + kStages * kUnitBytes;
+  std::uint8_t* a_smem = smem;
   std::uint8_t* b_smem = a_smem + 4 * kUnitBytes;
   float* sa_smem = reinterpret_cast<float*>(b_smem + n_units * NT * kUnitK * 2);
 
@@ -82,27 +76,25 @@ __global__ void __launch_bounds__(kThreads) stream_fp8_kernel(StreamArgs args) {
   const int items = my_tiles * n_units;
   auto tile_of = [&](int item) { return static_cast<int>(blockIdx.x) + (item / n_units) * static_cast<int>(gridDim.x); };
   // Thread (warp, lane) owns rows lane / 4 + 8 warp (+ 32) and 16-value chunks lane % 4 (+ 4) of
-  // every unit: each copy instruction of a warp reads 64 contiguous bytes of 8 rows. The ring holds
-  // a thread's own four chunks only (it alone reads them back), so the ring needs no barrier.
+  // every unit: each load instruction of a warp reads 64 contiguous bytes of 8 rows. The chunks go
+  // from global memory into the thread's registers, kDepth units ahead.
   auto chunk_row = [&](int i) { return g + 8 * warp + 32 * (i >> 1); };
   auto chunk_col = [&](int i) { return q + 4 * (i & 1); };
-  auto load_unit = [&](int item, int slot) {
+  auto load_unit = [&](int item, uint4 (&raw)[4]) {
     const std::int64_t row0 = static_cast<std::int64_t>(tile_of(item)) * kWeightTile;
     const std::int64_t k0 = static_cast<std::int64_t>(u_begin + item % n_units) * kUnitK;
     DSV4_UNROLL
     for (int i = 0; i < 4; ++i) {
       const int r = chunk_row(i), c = chunk_col(i);
-      const bool ok = row0 + r < args.n && k0 + 16 * c < k;
-      cp_async_16_zfill(ring + slot * kUnitBytes + i * (16 * kThreads) + 16 * tid, ok ? args.w + (row0 + r) * k + k0 + 16 * c : args.w, ok);
+      raw[i] = load_global_v4_or_zero(args.w + (row0 + r) * k + k0 + 16 * c, row0 + r < args.n && k0 + 16 * c < k);
     }
   };
 
-  // Groups 0 .. kStages - 2: the first units. Meanwhile the split's activations, as f16.
+  uint4 buf[kDepth][4];
   DSV4_UNROLL
-  for (int p = 0; p < kStages - 1; ++p) {
-    if (p < items) load_unit(p, p);
-    cp_async_commit();
-  }
+  for (int d = 0; d < kDepth; ++d)
+    if (d < items) load_unit(d, buf[d]);
+  // Meanwhile the split's activations, as f16.
   for (int i = tid; i < NT * n_units * 8; i += kThreads) {
     const int r = i / (n_units * 8), rem = i % (n_units * 8), ul = rem >> 3, c = rem & 7;
     const std::int64_t kk = static_cast<std::int64_t>(u_begin + ul) * kUnitK + 16 * c;
@@ -122,98 +114,97 @@ __global__ void __launch_bounds__(kThreads) stream_fp8_kernel(StreamArgs args) {
   DSV4_UNROLL
   for (int i = 0; i < NT / 2; ++i) acc[i] = part[i] = 0.0f;
 
-  for (int item = 0; item < items; ++item) {
-    const int slot = item % kStages, ul = item % n_units, tile = tile_of(item);
-    cp_async_wait<kStages - 2>();  // this thread's chunks of unit `item` landed
-    uint4 raw[4];
+  for (int base = 0; base < items; base += kDepth) {
     DSV4_UNROLL
-    for (int i = 0; i < 4; ++i) raw[i] = *reinterpret_cast<const uint4*>(ring + slot * kUnitBytes + i * (16 * kThreads) + 16 * tid);
-    // The slot this thread read last time is free: the next unit goes there.
-    if (item + kStages - 1 < items) load_unit(item + kStages - 1, (item + kStages - 1) % kStages);
-    cp_async_commit();
-    // The unit as f16 into A buffer item % 2 (its last readers, unit item - 2's products, were
-    // waited for by every thread before the previous barrier), visible to wgmma, then everyone's.
-    std::uint8_t* a_unit = a_smem + (item & 1) * (2 * kUnitBytes);
-    DSV4_UNROLL
-    for (int i = 0; i < 4; ++i) {
-      uint4 lo, hi;
-      e4m3x16_to_f16(raw[i], lo, hi);
-      *reinterpret_cast<uint4*>(a_unit + a_offset(chunk_row(i), 2 * chunk_col(i))) = lo;
-      *reinterpret_cast<uint4*>(a_unit + a_offset(chunk_row(i), 2 * chunk_col(i) + 1)) = hi;
-    }
-    fence_proxy_async_shared();
-    __syncthreads();
-    // The unit's eight k16 steps in one chain: f16 products are exact and f16 wgmma sums in fp32
-    // (FP8 wgmma keeps fewer bits: about 1e-4 relative on the H200, docs/perf.md).
-    wgmma_fence();
-    DSV4_UNROLL
-    for (int j = 0; j < 8; ++j) {
-      const std::uint64_t da = wgmma_descriptor(a_unit + 2 * j * 1024, 1024, 128);
-      const std::uint64_t db = wgmma_descriptor(b_smem + ul * (NT * 256) + 2 * j * (NT * 16), NT * 16, 128);
-      wgmma_m64k16_f16<NT>(part, da, db, j != 0);
-    }
-    wgmma_commit();
-    wgmma_wait<0>();
-    wgmma_fence_operands(part);
-    // acc += the unit's sum x (weight block scale x activation scale); part[4 m + e]: weight row
-    // 16 warp + g + 8 (e / 2), activation row 8 m + 2 q + e % 2.
-    const float ws = args.w_scales[static_cast<std::int64_t>(tile / 2) * args.units + u_begin + ul];
-    DSV4_UNROLL
-    for (int m = 0; m < NT / 8; ++m) {
-      const float2 sa = *reinterpret_cast<const float2*>(sa_smem + ul * NT + 8 * m + 2 * q);
-      const float f0 = ws * sa.x, f1 = ws * sa.y;
-      acc[4 * m + 0] += part[4 * m + 0] * f0;
-      acc[4 * m + 1] += part[4 * m + 1] * f1;
-      acc[4 * m + 2] += part[4 * m + 2] * f0;
-      acc[4 * m + 3] += part[4 * m + 3] * f1;
-    }
-    if (ul != n_units - 1) continue;
-
-    // The tile's k range is done: write it (one split), or hand it to the workspace.
-    const std::int64_t n_row = static_cast<std::int64_t>(tile) * kWeightTile + row_in_tile;
-    if (args.splits == 1) {
+    for (int d = 0; d < kDepth; ++d) {
+      const int item = base + d;
+      if (item >= items) break;
+      const int ul = item % n_units, tile = tile_of(item);
+      // The unit as f16 into A buffer item % 2 (its last readers, unit item - 2's products, were
+      // waited for by every thread before the previous barrier), visible to wgmma, then everyone's;
+      // the registers take the unit kDepth ahead.
+      std::uint8_t* a_unit = a_smem + (item & 1) * (2 * kUnitBytes);
       DSV4_UNROLL
-      for (int i = 0; i < NT / 2; ++i) {
-        const std::int64_t n = n_row + 8 * ((i & 3) >> 1);
-        const int r = 8 * (i >> 2) + 2 * q + (i & 1);
-        if (r < count && n < args.n) store_out(args.out, tok0 + r, n, acc[i]);
+      for (int i = 0; i < 4; ++i) {
+        uint4 lo, hi;
+        e4m3x16_to_f16(buf[d][i], lo, hi);
+        *reinterpret_cast<uint4*>(a_unit + a_offset(chunk_row(i), 2 * chunk_col(i))) = lo;
+        *reinterpret_cast<uint4*>(a_unit + a_offset(chunk_row(i), 2 * chunk_col(i) + 1)) = hi;
       }
-    } else {
-      const std::int64_t slot_index = static_cast<std::int64_t>(tile) * args.token_blocks + blockIdx.z;
-      float* mine = args.partial + (slot_index * args.splits + split) * (kWeightTile * NT);
+      if (item + kDepth < items) load_unit(item + kDepth, buf[d]);
+      fence_proxy_async_shared();
+      __syncthreads();
+      // The unit's eight k16 steps in one chain: f16 products are exact and f16 wgmma sums in fp32
+      // (FP8 wgmma keeps fewer bits: about 1e-4 relative on the H200, docs/perf.md).
+      wgmma_fence();
       DSV4_UNROLL
-      for (int i = 0; i < NT / 2; i += 4)
-        *reinterpret_cast<float4*>(mine + (i / 4) * (4 * kThreads) + 4 * tid) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
-      __threadfence();
-      __syncthreads();
-      if (tid == 0) last_arrival = atomicAdd(args.counters + slot_index, 1) == args.splits - 1;
-      __syncthreads();
-      if (last_arrival) {
-        __threadfence();
-        float sum[NT / 2];
-        DSV4_UNROLL
-        for (int i = 0; i < NT / 2; ++i) sum[i] = 0.0f;
-        for (int s = 0; s < args.splits; ++s) {
-          const float* other = args.partial + (slot_index * args.splits + s) * (kWeightTile * NT);
-          DSV4_UNROLL
-          for (int i = 0; i < NT / 2; i += 4) {
-            const float4 v = load_global_l2_v4(other + (i / 4) * (4 * kThreads) + 4 * tid);
-            sum[i] += v.x, sum[i + 1] += v.y, sum[i + 2] += v.z, sum[i + 3] += v.w;
-          }
-        }
+      for (int j = 0; j < 8; ++j) {
+        const std::uint64_t da = wgmma_descriptor(a_unit + 2 * j * 1024, 1024, 128);
+        const std::uint64_t db = wgmma_descriptor(b_smem + ul * (NT * 256) + 2 * j * (NT * 16), NT * 16, 128);
+        wgmma_m64k16_f16<NT>(part, da, db, j != 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      wgmma_fence_operands(part);
+      // acc += the unit's sum x (weight block scale x activation scale); part[4 m + e]: weight row
+      // 16 warp + g + 8 (e / 2), activation row 8 m + 2 q + e % 2.
+      const float ws = args.w_scales[static_cast<std::int64_t>(tile / 2) * args.units + u_begin + ul];
+      DSV4_UNROLL
+      for (int m = 0; m < NT / 8; ++m) {
+        const float2 sa = *reinterpret_cast<const float2*>(sa_smem + ul * NT + 8 * m + 2 * q);
+        const float f0 = ws * sa.x, f1 = ws * sa.y;
+        acc[4 * m + 0] += part[4 * m + 0] * f0;
+        acc[4 * m + 1] += part[4 * m + 1] * f1;
+        acc[4 * m + 2] += part[4 * m + 2] * f0;
+        acc[4 * m + 3] += part[4 * m + 3] * f1;
+      }
+      if (ul != n_units - 1) continue;
+
+      // The tile's k range is done: write it (one split), or hand it to the workspace.
+      const std::int64_t n_row = static_cast<std::int64_t>(tile) * kWeightTile + row_in_tile;
+      if (args.splits == 1) {
         DSV4_UNROLL
         for (int i = 0; i < NT / 2; ++i) {
           const std::int64_t n = n_row + 8 * ((i & 3) >> 1);
           const int r = 8 * (i >> 2) + 2 * q + (i & 1);
-          if (r < count && n < args.n) store_out(args.out, tok0 + r, n, sum[i]);
+          if (r < count && n < args.n) store_out(args.out, tok0 + r, n, acc[i]);
         }
-        if (tid == 0) args.counters[slot_index] = 0;  // ready for the next product
+      } else {
+        const std::int64_t slot_index = static_cast<std::int64_t>(tile) * args.token_blocks + blockIdx.z;
+        float* mine = args.partial + (slot_index * args.splits + split) * (kWeightTile * NT);
+        DSV4_UNROLL
+        for (int i = 0; i < NT / 2; i += 4)
+          *reinterpret_cast<float4*>(mine + (i / 4) * (4 * kThreads) + 4 * tid) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) last_arrival = atomicAdd(args.counters + slot_index, 1) == args.splits - 1;
+        __syncthreads();
+        if (last_arrival) {
+          __threadfence();
+          float sum[NT / 2];
+          DSV4_UNROLL
+          for (int i = 0; i < NT / 2; ++i) sum[i] = 0.0f;
+          for (int s = 0; s < args.splits; ++s) {
+            const float* other = args.partial + (slot_index * args.splits + s) * (kWeightTile * NT);
+            DSV4_UNROLL
+            for (int i = 0; i < NT / 2; i += 4) {
+              const float4 v = load_global_l2_v4(other + (i / 4) * (4 * kThreads) + 4 * tid);
+              sum[i] += v.x, sum[i + 1] += v.y, sum[i + 2] += v.z, sum[i + 3] += v.w;
+            }
+          }
+          DSV4_UNROLL
+          for (int i = 0; i < NT / 2; ++i) {
+            const std::int64_t n = n_row + 8 * ((i & 3) >> 1);
+            const int r = 8 * (i >> 2) + 2 * q + (i & 1);
+            if (r < count && n < args.n) store_out(args.out, tok0 + r, n, sum[i]);
+          }
+          if (tid == 0) args.counters[slot_index] = 0;  // ready for the next product
+        }
       }
+      DSV4_UNROLL
+      for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
     }
-    DSV4_UNROLL
-    for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
   }
-  cp_async_wait_all();  // no copy outlives the CTA (the ring's last groups are empty)
 }
 
 template <int NT>
@@ -265,8 +256,9 @@ void gemm_stream_fp8(const QuantizedRows& a, std::int64_t rows, const DeviceWeig
     for (int p = 1; p <= args.units && smem_bytes(nt, p) <= kSmemLimit; ++p) {
       const std::int64_t splits = (args.units + p - 1) / p;
       if (within_budget && splits > 1 && work * splits * kWeightTile * nt > kPartialBudget) continue;
-      // CTAs resident at once: by shared memory (and at most 4: 128 threads of <= 128 registers).
-      const std::int64_t slots = std::clamp(kSmemLimit / (smem_bytes(nt, p) + 1024), 1, 4) * sms;
+      // CTAs resident at once: by shared memory, and by registers (ptxas: ~236 a thread at 64 rows,
+      // 2 CTAs a multiprocessor; ~168 at 32, 3; <= 128 below, 4).
+      const std::int64_t slots = std::clamp(kSmemLimit / (smem_bytes(nt, p) + 1024), 1, nt == 64 ? 2 : nt == 32 ? 3 : 4) * sms;
       const std::int64_t along = std::max<std::int64_t>(1, slots / (splits * args.token_blocks));
       const std::int64_t tiles_per_cta = (args.tiles + along - 1) / along;
       const std::int64_t grid_x = (args.tiles + tiles_per_cta - 1) / tiles_per_cta;

@@ -8,9 +8,9 @@
 //
 // How (gemm_stream.cu): at a handful of rows the product is bound by reading the weight once. A CTA
 // is one warpgroup; it takes 64 weight rows (a tile) x a range of k units (a split) x up to 64
-// activation rows (a token block). The weight flows through a ring of shared-memory stages
-// (cp.async), is converted unit by unit to f16 in the core-matrix layout wgmma's descriptors read,
-// and goes into wgmma m64nNk16 f16 (N = 8 / 16 / 32 / 64 activation rows); the activations of the
+// activation rows (a token block). The weight goes from global memory into registers, kDepth
+// units of 64 x 128 ahead, is converted unit by unit to f16 into shared memory in the core-matrix
+// layout wgmma's descriptors read, and goes into wgmma m64nNk16 f16 (N = 8 / 16 / 32 / 64 activation rows); the activations of the
 // CTA's k range are staged once, as f16. Where the tiles alone
 // leave the GPU short of CTAs, k is split over CTAs: each writes its fp32 partial tile to a
 // workspace, and the last of a tile's CTAs to arrive (an atomic count) adds the partials in split
