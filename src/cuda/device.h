@@ -31,7 +31,7 @@
 // Hopper's mbarriers with bulk copies into shared memory (mbarrier_init, mbarrier_arrive,
 // mbarrier_arrive_expect_tx, bulk_copy_to_shared, mbarrier_wait), and warpgroup mma (wgmma_descriptor,
 // fence_proxy_async_shared, wgmma_fence, wgmma_m64n{32,64}k16_bf16, wgmma_m64n256k16_bf16_bt,
-// wgmma_m64n64k32_e4m3, wgmma_m64k32_e4m3<N>, wgmma_m64k16_f16<N>,
+// wgmma_m64n64k32_e4m3, wgmma_m64k16_f16<N>,
 // wgmma_commit, wgmma_wait, wgmma_fence_operands).
 #pragma once
 
@@ -347,48 +347,16 @@ __device__ __forceinline__ void wgmma_m64k16_f16(float (&d)[N / 2], std::uint64_
 // D[64 x 64] (+)= A[64 x 32] B[64 x 32]^T from e4m3 operands (both K-major, the only layout
 // FP8 wgmma reads): core matrices of 8 rows x 16 values (16 bytes a row), element (r, k) at
 //   start + (r / 8) * sbo + (k / 16) * lbo + (r % 8) * 16 + k % 16.
-// d as for wgmma_m64n64k16_bf16. wgmma_m64k32_e4m3<N>: the same for D[64 x N], N = 8, 16, 32,
-// 64 (B: N / 8 core-matrix row groups; d[N / 2], j < N / 8).
-template <int N>
-__device__ __forceinline__ void wgmma_m64k32_e4m3(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate) {
-  static_assert(N == 8 || N == 16 || N == 32 || N == 64);
-  if constexpr (N == 8) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))
-        : "memory");
-  } else if constexpr (N == 16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
-        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))
-        : "memory");
-  } else if constexpr (N == 32) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))
-        : "memory");
-  } else if constexpr (N == 64) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))
-        : "memory");
-  }
-}
+// d as for wgmma_m64n64k16_bf16.
 __device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b,
                                                      bool accumulate) {
-  wgmma_m64k32_e4m3<64>(d, desc_a, desc_b, accumulate);
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))
+      : "memory");
 }
 // The same with D[64 x 32] (B: 32 x 16, K-major).
 __device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], std::uint64_t desc_a, std::uint64_t desc_b,
@@ -604,63 +572,33 @@ inline void wgmma_wait(std::source_location loc = std::source_location::current(
   static_assert(N >= 0);
   sim::wgmma_wait(N, loc);
 }
-// Value (r, k) of the bf16 operand a descriptor describes.
-inline float wgmma_operand(std::uint64_t desc, int r, int k) {
+// The 16 bits of element (r, k) of a 16-bit K-major operand (bf16, f16), and of element (k, n) of
+// an MN-major one (B of wgmma_m64n256k16_bf16_bt).
+inline std::uint16_t wgmma_bits16(std::uint64_t desc, int r, int k) {
   const std::uint64_t start = (desc & 0x3FFFu) << 4, lbo = ((desc >> 16) & 0x3FFFu) << 4, sbo = ((desc >> 32) & 0x3FFFu) << 4;
   std::uint16_t bits;
   std::memcpy(&bits, sim::dynamic_smem() + start + (r / 8) * sbo + (k / 8) * lbo + (r % 8) * 16 + (k % 8) * 2, 2);
-  const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
-  float v;
-  std::memcpy(&v, &u, 4);
-  return v;
+  return bits;
 }
-// Value (k, n) of an MN-major bf16 operand (B of wgmma_m64n256k16_bf16_bt).
-inline float wgmma_operand_mn(std::uint64_t desc, int k, int n) {
+inline std::uint16_t wgmma_bits16_mn(std::uint64_t desc, int k, int n) {
   const std::uint64_t start = (desc & 0x3FFFu) << 4, lbo = ((desc >> 16) & 0x3FFFu) << 4, sbo = ((desc >> 32) & 0x3FFFu) << 4;
   std::uint16_t bits;
   std::memcpy(&bits, sim::dynamic_smem() + start + (n / 8) * sbo + (k / 8) * lbo + (k % 8) * 16 + (n % 8) * 2, 2);
+  return bits;
+}
+inline float bf16_bits_value(std::uint16_t bits) {
   const std::uint32_t u = static_cast<std::uint32_t>(bits) << 16;
   float v;
   std::memcpy(&v, &u, 4);
   return v;
 }
-template <int N, bool kTransposedB>
-inline void wgmma_m64k16_bf16(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
-                              const std::source_location& loc) {
-  sim::wgmma_issue(desc_a, desc_b, N / 8, loc);
-  const int t = static_cast<int>(threadIdx.x % 128u), w = t / 32, g = (t % 32) / 4, q = t % 4;
-  for (int i = 0; i < N / 2; ++i) {
-    const int row = 16 * w + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * q + i % 2;
-    float acc = accumulate ? d[i] : 0.0f;
-    for (int k = 0; k < 16; ++k)
-      acc += wgmma_operand(desc_a, row, k) * (kTransposedB ? wgmma_operand_mn(desc_b, k, col) : wgmma_operand(desc_b, col, k));
-    d[i] = acc;
-  }
-}
-// Value (r, k) of the f16 operand a descriptor describes (layout as the bf16 one).
-inline float wgmma_operand_f16(std::uint64_t desc, int r, int k) {
-  const std::uint64_t start = (desc & 0x3FFFu) << 4, lbo = ((desc >> 16) & 0x3FFFu) << 4, sbo = ((desc >> 32) & 0x3FFFu) << 4;
-  std::uint16_t bits;
-  std::memcpy(&bits, sim::dynamic_smem() + start + (r / 8) * sbo + (k / 8) * lbo + (r % 8) * 16 + (k % 8) * 2, 2);
+inline float f16_bits_value(std::uint16_t bits) {
   const unsigned exponent = (bits >> 10) & 31u, mantissa = bits & 1023u;
   float magnitude;
   if (exponent == 31u) magnitude = mantissa != 0 ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
   else if (exponent == 0u) magnitude = std::ldexp(static_cast<float>(mantissa), -24);
   else magnitude = std::ldexp(static_cast<float>(1024u + mantissa), static_cast<int>(exponent) - 25);
   return (bits & 0x8000u) != 0 ? -magnitude : magnitude;
-}
-template <int N>
-inline void wgmma_m64k16_f16(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
-                             std::source_location loc = std::source_location::current()) {
-  static_assert(N == 8 || N == 16 || N == 32 || N == 64);
-  sim::wgmma_issue(desc_a, desc_b, N / 8, loc);
-  const int t = static_cast<int>(threadIdx.x % 128u), w = t / 32, g = (t % 32) / 4, q = t % 4;
-  for (int i = 0; i < N / 2; ++i) {
-    const int row = 16 * w + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * q + i % 2;
-    float acc = accumulate ? d[i] : 0.0f;
-    for (int k = 0; k < 16; ++k) acc += wgmma_operand_f16(desc_a, row, k) * wgmma_operand_f16(desc_b, col, k);
-    d[i] = acc;
-  }
 }
 // Value (r, k) of the e4m3 operand a descriptor describes (K-major, 16 values a core-matrix row).
 inline float wgmma_operand_e4m3(std::uint64_t desc, int r, int k) {
@@ -672,22 +610,40 @@ inline float wgmma_operand_e4m3(std::uint64_t desc, int r, int k) {
                                         : std::ldexp(static_cast<float>(8u + mantissa), static_cast<int>(exponent) - 10);
   return (code & 0x80u) != 0 ? -magnitude : magnitude;
 }
-template <int N>
-inline void wgmma_m64k32_e4m3(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
-                              std::source_location loc = std::source_location::current()) {
-  static_assert(N == 8 || N == 16 || N == 32 || N == 64);
+// Every product, modeled: D[64 x N] (+)= A[64 x K] B[N x K]^T with a(r, k) and b(n, k) the operands'
+// values, each thread's accumulators in the device's layout.
+template <int N, int K, class AValue, class BValue>
+inline void wgmma_model(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
+                        const std::source_location& loc, AValue a, BValue b) {
   sim::wgmma_issue(desc_a, desc_b, N / 8, loc);
   const int t = static_cast<int>(threadIdx.x % 128u), w = t / 32, g = (t % 32) / 4, q = t % 4;
   for (int i = 0; i < N / 2; ++i) {
     const int row = 16 * w + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * q + i % 2;
     float acc = accumulate ? d[i] : 0.0f;
-    for (int k = 0; k < 32; ++k) acc += wgmma_operand_e4m3(desc_a, row, k) * wgmma_operand_e4m3(desc_b, col, k);
+    for (int k = 0; k < K; ++k) acc += a(row, k) * b(col, k);
     d[i] = acc;
   }
 }
+template <int N, bool kTransposedB>
+inline void wgmma_m64k16_bf16(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
+                              const std::source_location& loc) {
+  wgmma_model<N, 16>(
+      d, desc_a, desc_b, accumulate, loc, [&](int r, int k) { return bf16_bits_value(wgmma_bits16(desc_a, r, k)); },
+      [&](int n, int k) { return bf16_bits_value(kTransposedB ? wgmma_bits16_mn(desc_b, k, n) : wgmma_bits16(desc_b, n, k)); });
+}
+template <int N>
+inline void wgmma_m64k16_f16(float (&d)[N / 2], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
+                             std::source_location loc = std::source_location::current()) {
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64);
+  wgmma_model<N, 16>(
+      d, desc_a, desc_b, accumulate, loc, [&](int r, int k) { return f16_bits_value(wgmma_bits16(desc_a, r, k)); },
+      [&](int n, int k) { return f16_bits_value(wgmma_bits16(desc_b, n, k)); });
+}
 inline void wgmma_m64n64k32_e4m3(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
                                  std::source_location loc = std::source_location::current()) {
-  wgmma_m64k32_e4m3<64>(d, desc_a, desc_b, accumulate, loc);
+  wgmma_model<64, 32>(
+      d, desc_a, desc_b, accumulate, loc, [&](int r, int k) { return wgmma_operand_e4m3(desc_a, r, k); },
+      [&](int n, int k) { return wgmma_operand_e4m3(desc_b, n, k); });
 }
 inline void wgmma_m64n64k16_bf16(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
                                  std::source_location loc = std::source_location::current()) {

@@ -430,9 +430,9 @@ TEST(GpuOps, GemmStreamShapes) {
     const char* what;
   };
   // (Plans on 132 multiprocessors; the simulator reports 132 too.)
-  std::vector<Case> cases = {{{25600, 128}, {1, 64}, "400 tiles: two a CTA, one split"},
-                             {{4104, 4096}, {1, 9, 64}, "65 tiles (the last of 8 rows), several a CTA; uneven splits"},
-                             {{320, 16384}, {33, 128}, "5 tiles, over 20 splits; 2 blocks of 64 rows"},
+  std::vector<Case> cases = {{{25600, 128}, {1, 64}, "400 tiles, one split; two tiles a CTA at 64 rows"},
+                             {{4104, 4096}, {1, 9, 64}, "65 tiles (the last of 8 rows), 8 splits; two tiles a CTA at 64 rows"},
+                             {{320, 16384}, {33, 128}, "uneven splits: 43 of 3 units (the last 2); 13 of 10 (the last 8) x 2 blocks of 64 rows"},
                              {{96, 1184}, {5, 17}, "k tail of 32 in the last unit"}};
   for (const Case& c : cases) {
     const GemmShape& sh = c.shape;
