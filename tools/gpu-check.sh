@@ -9,6 +9,7 @@
 # Options: --quick (small benchmarks), --no-bench, --no-sanitizer, --only NAME,NAME (run just those
 # checks, e.g. gpu_ops,bench_gemm: a run under a time limit per command), --logs DIR (default:
 # $OUT, else build-gpu/gpu-check). Building needs tools/install-deps.sh's packages and the CUDA toolkit (nvcc).
+# Exit status: 0 when every check that ran passed, 1 when one failed or timed out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -64,6 +65,7 @@ fi
 logs="${logs:-build-gpu/gpu-check}"
 mkdir -p "$logs"
 results=()
+failures=0
 # check NAME TIMEOUT COMMAND...: runs it, keeps its output in $logs/NAME.log, records the outcome.
 check() {
   local name="$1" limit="$2"
@@ -73,7 +75,7 @@ check() {
   timeout "$limit" "$@" >"$logs/$name.log" 2>&1
   status=$?
   local verdict=PASS
-  [ $status -eq 0 ] || verdict="FAIL($status)"
+  [ $status -eq 0 ] || { verdict="FAIL($status)"; failures=$((failures + 1)); }
   [ $status -eq 124 ] && verdict="TIMEOUT"
   results+=("$(printf '| %-34s | %-9s | %5ss |' "$name" "$verdict" "$((SECONDS - start))")")
   echo "== $name: $verdict ($((SECONDS - start)) s)"
@@ -170,3 +172,5 @@ grep -h -m 1 '^| shape | tokens' "$logs/bench_moe.log" 2>/dev/null
 grep -h '^| V4-' "$logs/bench_moe.log" 2>/dev/null
 grep -h '^| torch' "$logs/torch_floor.log" 2>/dev/null
 grep -h '^| V4-\|^| h[0-9]\|^| FP[48], ' "$logs/bench_attention.log" 2>/dev/null
+# The exit status is the checks' (the summary lines above print whatever logs exist).
+[ "$failures" -eq 0 ]
