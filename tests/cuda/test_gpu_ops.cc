@@ -345,7 +345,8 @@ TEST(GpuOps, GemmLibraryScales) {
 // The few-rows kernel's block shapes by output width (warps along n x warps along k, for one row
 // tile: 1 x 8 up to 8416 weight rows, 2 x 4 from 8417, 4 x 2 from 16833, 8 x 1 from 33665), output
 // widths that are not a multiple of 16 (a warp's last rows past the end), k split unevenly over
-// warps and k tails within a 128-wide unit, against cpu linear.
+// warps and k tails within a 128-wide unit, long rows (many units a warp), against cpu linear
+// element by element.
 TEST(GpuOps, GemmFewRowsShapes) {
   struct Case {
     GemmShape shape;
@@ -357,7 +358,9 @@ TEST(GpuOps, GemmFewRowsShapes) {
                                    {{4232, 64}, "1 x 8 warps"},
                                    {{8456, 160}, "2 x 4 warps"},
                                    {{16904, 32}, "4 x 2 warps"},
-                                   {{33800, 32}, "8 x 1 warps"}};
+                                   {{33800, 32}, "8 x 1 warps"},
+                                   {{40, 4256}, "34 units over 8 warps, a tail"},
+                                   {{24, 8192}, "64 units over 8 warps"}};
   for (WeightFormat f : {WeightFormat::kFp8, WeightFormat::kFp4}) {
     for (const Case& c : cases) {
       const GemmShape& sh = c.shape;
@@ -379,10 +382,25 @@ TEST(GpuOps, GemmFewRowsShapes) {
         DevArray<std::uint16_t> out(static_cast<std::size_t>(rows * sh.n));
         gpu::gemm_quantized(gpu::QuantizedRows{codes.get(), scales.get(), sh.k}, rows, gw.w, gpu::GemmOutput{out.get(), sh.n, false}, nullptr, st(),
                             GemmPath::kFewRows);
-        const ErrStats s = compare(from_bf16(out.download()), ref);
+        const std::vector<float> got = from_bf16(out.download());
+        const ErrStats s = compare(got, ref);
         const std::string shape = fmt::format("{} few-rows rows {} n {} k {}", fmt_name(f), rows, sh.n, sh.k);
+        // magnitudes of the sums (the order bound's scale)
+        std::vector<float> mag(ref.size());
+        for (std::int64_t r = 0; r < rows; ++r) {
+          std::vector<float> xs(x.begin() + r * sh.k, x.begin() + (r + 1) * sh.k);
+          fp8_simulate_activation(xs);
+          for (std::int64_t o = 0; o < sh.n; ++o) {
+            double m = 0;
+            for (std::int64_t j = 0; j < sh.k; ++j) m += std::fabs(static_cast<double>(xs[static_cast<std::size_t>(j)]) * tw.values[static_cast<std::size_t>(o * sh.k + j)]);
+            mag[static_cast<std::size_t>(r * sh.n + o)] = static_cast<float>(m);
+          }
+        }
+        NearCheck near;
+        for (std::size_t i = 0; i < got.size(); ++i) near.check(got[i], ref[i], mag[i], order_bound(sh.k), true, static_cast<std::int64_t>(i));
         EXPECT_EQ(s.nonfinite, 0) << shape;
         EXPECT_LT(s.rel_l2(), 1e-2) << shape;
+        EXPECT_EQ(near.bad, 0) << shape << ": " << near.first;
         sweep.add("gemm_quantized", fmt::format("{} few-rows n {} k {}", fmt_name(f), sh.n, sh.k), s, c.what);
       }
       sweep.flush(small() && sh.n > 1000 ? "rows 1" : "rows 1,8,9,17");
@@ -391,7 +409,9 @@ TEST(GpuOps, GemmFewRowsShapes) {
 }
 
 // The GPU layout of fp4 weights: in each full 128-wide k unit of a row, word 4s + t moves to
-// 4t + s; a tail (k % 128) and the bytes of other rows stay; converting twice gives the input back.
+// 4t + s; a tail (k % 128) keeps its word order; inside every word the 8 values are repacked (value j
+// in the low nibble of byte j, value j + 4 in its high nibble); other rows' bytes stay, and
+// fp4_from_gpu_layout gives the input back.
 TEST(GpuOps, Fp4GpuLayout) {
   for (const auto& [rows, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{{3, 128}, {5, 160}, {2, 416}, {7, 32}}) {
     std::mt19937_64 rng(seed_of({41, rows, k}));
@@ -400,20 +420,26 @@ TEST(GpuOps, Fp4GpuLayout) {
     DevArray<std::uint8_t> d(bytes);
     gpu::fp4_to_gpu_layout(d.get(), rows, k, st());
     const std::vector<std::uint8_t> once = d.download();
+    // value i (0..7) of a checkpoint word: nibble i, little-endian
+    auto value = [](const std::uint8_t* word, int i) { return (word[i / 2] >> (4 * (i % 2))) & 0xf; };
     std::int64_t wrong = 0;
     for (std::int64_t r = 0; r < rows; ++r) {
-      for (std::int64_t c = 0; c < k / 2; ++c) {
-        std::int64_t src = c;  // byte c of the row in the GPU layout comes from byte src of the checkpoint row
-        if (c < (k / 128) * 64) {
-          const std::int64_t unit = c / 64, word = (c % 64) / 4, t = word / 4, sblk = word % 4;
-          src = unit * 64 + (4 * sblk + t) * 4 + c % 4;
+      for (std::int64_t w = 0; w < k / 8; ++w) {  // word w of the row in the GPU layout
+        std::int64_t src = w;                    // comes from checkpoint word src
+        if (w < (k / 128) * 16) {
+          const std::int64_t unit = w / 16, t = (w % 16) / 4, sblk = w % 4;
+          src = unit * 16 + 4 * sblk + t;
         }
-        wrong += once[static_cast<std::size_t>(r * k / 2 + c)] != bytes[static_cast<std::size_t>(r * k / 2 + src)];
+        const std::uint8_t* in = &bytes[static_cast<std::size_t>(r * k / 2 + 4 * src)];
+        for (int j = 0; j < 4; ++j) {
+          const int want = value(in, j) | (value(in, j + 4) << 4);
+          wrong += once[static_cast<std::size_t>(r * k / 2 + 4 * w + j)] != want;
+        }
       }
     }
     EXPECT_EQ(wrong, 0) << rows << " rows, k " << k;
-    gpu::fp4_to_gpu_layout(d.get(), rows, k, st());
-    EXPECT_EQ(d.download(), bytes) << "twice is the identity: " << rows << " rows, k " << k;
+    gpu::fp4_from_gpu_layout(d.get(), rows, k, st());
+    EXPECT_EQ(d.download(), bytes) << "back to checkpoint order: " << rows << " rows, k " << k;
   }
 }
 
@@ -524,8 +550,9 @@ TEST(GpuOps, GemmRowsDevLimit) {
 // gemm_bf16: bf16 weights (fp32 and bf16 outputs), fp8 weights grouped (wo_a)
 // =================================================================================================
 TEST(GpuOps, GemmBf16) {
-  const std::vector<GemmShape> shapes = small() ? std::vector<GemmShape>{{160, 256}, {40, 96}, {24, 32}}
-                                              : std::vector<GemmShape>{{160, 256}, {40, 96}, {24, 32}, {4096, 1024}, {1056, 4096}};
+  // {40, 4160}: 65 units of 64 over the few-rows kernel's 8 warps
+  const std::vector<GemmShape> shapes = small() ? std::vector<GemmShape>{{160, 256}, {40, 96}, {24, 32}, {40, 4160}}
+                                              : std::vector<GemmShape>{{160, 256}, {40, 96}, {24, 32}, {40, 4160}, {4096, 1024}, {1056, 4096}};
   for (const GemmShape& sh : shapes) {
     std::mt19937_64 rng(seed_of({4, sh.n, sh.k}));
     const TestWeight tw = make_weight(WeightFormat::kBf16, sh.n, sh.k, 0.05f, rng);

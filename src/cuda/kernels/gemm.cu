@@ -66,18 +66,47 @@ __global__ void transpose_scales_kernel(const float* scales, std::int64_t rows, 
 // ---- the GPU layout of fp4 weights (gemm.h) -----------------------------------------------------
 // A full 128-wide k unit of a row is 64 packed bytes, 16 words: in checkpoint order word 4s + t
 // holds k 32s + 8t .. 32s + 8t + 7 (scale block s). The GPU keeps word 4s + t at 4t + s (a 4 x 4
-// transpose, its own inverse), so the few-rows kernel's lane t reads the words of all four blocks
-// it needs with one 16-byte load. One thread per unit; a tail shorter than 128 stays as it is.
-__global__ void fp4_transpose_units_kernel(std::uint8_t* data, std::int64_t rows, std::int64_t k) {
-  const std::int64_t units = k / 128;
+// transpose), so the few-rows kernel's lane t reads the words of all four blocks it needs with one
+// 16-byte load. Inside every word (tails too) value j goes to the low nibble of byte j and value
+// j + 4 to its high nibble (checkpoint: values 2j and 2j + 1 in byte j), so a word's values 0..3
+// and 4..7 become e4m3 words with a few bit operations (numerics.cuh e2m1_low_nibbles_as_e4m3).
+// One thread per 128-wide unit of a row (a tail shorter than 128 is one unit, not transposed).
+__host__ __device__ constexpr std::uint32_t fp4_word_to_gpu(std::uint32_t w) {
+  std::uint32_t out = 0;
+  for (int j = 0; j < 4; ++j) out |= (((w >> (4 * j)) & 0xfu) << (8 * j)) | (((w >> (4 * j + 16)) & 0xfu) << (8 * j + 4));
+  return out;
+}
+__host__ __device__ constexpr std::uint32_t fp4_word_from_gpu(std::uint32_t w) {
+  std::uint32_t out = 0;
+  for (int j = 0; j < 4; ++j) out |= (((w >> (8 * j)) & 0xfu) << (4 * j)) | (((w >> (8 * j + 4)) & 0xfu) << (4 * j + 16));
+  return out;
+}
+static_assert(fp4_word_to_gpu(0x76543210u) == 0x73625140u && fp4_word_from_gpu(0x73625140u) == 0x76543210u);
+
+__global__ void fp4_layout_kernel(std::uint8_t* data, std::int64_t rows, std::int64_t k, bool to_gpu) {
+  const std::int64_t units = (k + 127) / 128;
   const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * units) return;
-  uint4* p = reinterpret_cast<uint4*>(data + (i / units) * (k / 2) + (i % units) * 64);
-  const uint4 q0 = p[0], q1 = p[1], q2 = p[2], q3 = p[3];  // q_s = words 4s .. 4s + 3
-  p[0] = make_uint4(q0.x, q1.x, q2.x, q3.x);
-  p[1] = make_uint4(q0.y, q1.y, q2.y, q3.y);
-  p[2] = make_uint4(q0.z, q1.z, q2.z, q3.z);
-  p[3] = make_uint4(q0.w, q1.w, q2.w, q3.w);
+  const std::int64_t unit = i % units;
+  auto* p = reinterpret_cast<std::uint32_t*>(data + (i / units) * (k / 2) + unit * 64);
+  const std::int64_t left = k - unit * 128;
+  const int words = static_cast<int>((left < 128 ? left : 128) / 8);
+  if (words < 16) {
+    for (int w = 0; w < words; ++w) p[w] = to_gpu ? fp4_word_to_gpu(p[w]) : fp4_word_from_gpu(p[w]);
+    return;
+  }
+  std::uint32_t in[16], out[16];
+  DSV4_UNROLL
+  for (int w = 0; w < 16; ++w) in[w] = p[w];
+  DSV4_UNROLL
+  for (int s = 0; s < 4; ++s)
+    DSV4_UNROLL
+    for (int t = 0; t < 4; ++t) {
+      if (to_gpu) out[4 * t + s] = fp4_word_to_gpu(in[4 * s + t]);
+      else out[4 * s + t] = fp4_word_from_gpu(in[4 * t + s]);
+    }
+  DSV4_UNROLL
+  for (int w = 0; w < 16; ++w) p[w] = out[w];
 }
 
 // ---- shared pieces ------------------------------------------------------------------------------
@@ -123,7 +152,11 @@ __device__ __forceinline__ std::int64_t source_row(const RowTile& t, int m, cons
 // A block has 8 warps: warps_n along the output (16 weight rows each) times 8 / warps_n along k,
 // whose partial sums are added in warp order through shared memory (deterministic). Each warp
 // walks its k range in units (the k extent one activation scale and one weight scale cover),
-// loading kDepth units ahead.
+// loading kDepth units ahead. Each weight format is a policy U (FewFp8, FewFp4, FewBf16): its lane
+// (pointers), its registers of one unit, load and accumulate, and kOutScale. On Hopper the e4m3
+// mma.sync runs as f16 HMMAs after converting both operands (two values an instruction), so what
+// bounds these products is integer and conversion work per weight byte, not the tensor cores or
+// HBM (docs/perf.md): the policies keep that work small.
 struct SmallArgs {
   // activations: quantized (codes/scales, ld = k) or bf16 (a_bf16, lda)
   const std::uint8_t* a_codes;
@@ -152,9 +185,7 @@ struct FewLane {
   const void* x = nullptr;
   const float* sa0 = nullptr;
   const float* sa1 = nullptr;
-  const float* ws = nullptr;         // fp8: the 128-row block's scale row [ceil(k / 128)]
-  const std::uint8_t* s_lo = nullptr;  // fp4: UE8M0 rows [k / 32] of rows g and g + 8
-  const std::uint8_t* s_hi = nullptr;
+  const float* ws = nullptr;  // fp8: the 128-row block's scale row [ceil(k / 128)]
   std::int64_t k = 0;
   int t = 0;
 };
@@ -164,27 +195,109 @@ __device__ __forceinline__ T load_or_zero(const void* base, std::int64_t byte_of
   return ok && base != nullptr ? *reinterpret_cast<const T*>(static_cast<const std::uint8_t*>(base) + byte_offset) : T{};
 }
 
+// The lane of the bf16-activation products (FewBf16); loads check its pointers.
+template <WeightFormat F>
+__device__ __forceinline__ FewLane few_lane(const SmallArgs& args, const RowTile& tile, std::int64_t n0, int g, int t) {
+  const std::int64_t n_total = args.w.n, k = args.k;
+  FewLane l;
+  l.k = k;
+  l.t = t;
+  const auto* wbase = static_cast<const std::uint8_t*>(args.w.data) + static_cast<std::int64_t>(tile.expert) * args.w.expert_stride;
+  const std::int64_t row_bytes = F == WeightFormat::kFp8 ? k : 2 * k;
+  if (n0 + g < n_total) l.w_lo = wbase + (n0 + g) * row_bytes;
+  if (n0 + g + 8 < n_total) l.w_hi = wbase + (n0 + g + 8) * row_bytes;
+  const std::int64_t kb_act = (k + kActBlock - 1) / kActBlock;
+  if (g < tile.count) {
+    const std::int64_t row = source_row(tile, g, args.tiles, args.experts);
+    if (args.a_codes != nullptr) {
+      l.x = args.a_codes + row * k;
+    } else {
+      const std::int64_t group = args.n_per_group > 0 ? n0 / args.n_per_group : 0;
+      l.x = args.a_bf16 + row * args.lda + group * args.a_group_stride;
+    }
+  }
+  if (args.a_scales != nullptr) {
+    if (2 * t < tile.count) l.sa0 = args.a_scales + source_row(tile, 2 * t, args.tiles, args.experts) * kb_act;
+    if (2 * t + 1 < tile.count) l.sa1 = args.a_scales + source_row(tile, 2 * t + 1, args.tiles, args.experts) * kb_act;
+  }
+  if constexpr (F == WeightFormat::kFp8) {
+    l.ws = static_cast<const float*>(args.w.scale) + static_cast<std::int64_t>(tile.expert) * args.w.scale_stride +
+           (n0 / 128) * ((k + 127) / 128);
+  }
+  return l;
+}
+
+// The lane of the quantized products (fp8 / fp4 weights, e4m3 activations): weight rows g and
+// g + 8 of the warp, token g's codes, the scale rows of tokens 2t and 2t + 1 (the accumulator's
+// columns). No pointer is null, so loads need no checks: rows past the weight's end read its last
+// row and tokens past the tile's count its last token, and neither result is stored (an mma output
+// element depends only on its own A row and B column).
+struct QuantLane {
+  const std::uint8_t* w_lo;
+  const std::uint8_t* w_hi;
+  const std::uint8_t* x;
+  const float* sa0;
+  const float* sa1;
+  std::int64_t k;
+  int t;
+};
+struct QuantRows {
+  std::int64_t lo, hi;  // the weight rows the lane reads
+};
+__device__ __forceinline__ QuantRows quant_lane(const SmallArgs& args, const RowTile& tile, std::int64_t n0, int g, int t,
+                                                std::int64_t row_bytes, QuantLane& l) {
+  const std::int64_t k = args.k, n_last = args.w.n - 1;
+  const QuantRows rows{n0 + g < n_last ? n0 + g : n_last, n0 + g + 8 < n_last ? n0 + g + 8 : n_last};
+  const auto* w = static_cast<const std::uint8_t*>(args.w.data) + static_cast<std::int64_t>(tile.expert) * args.w.expert_stride;
+  const std::int64_t kb_act = (k + kActBlock - 1) / kActBlock;
+  const int m_last = tile.count - 1;
+  l.w_lo = w + rows.lo * row_bytes;
+  l.w_hi = w + rows.hi * row_bytes;
+  l.x = args.a_codes + source_row(tile, g < m_last ? g : m_last, args.tiles, args.experts) * k;
+  l.sa0 = args.a_scales + source_row(tile, 2 * t < m_last ? 2 * t : m_last, args.tiles, args.experts) * kb_act;
+  l.sa1 = args.a_scales + source_row(tile, 2 * t + 1 < m_last ? 2 * t + 1 : m_last, args.tiles, args.experts) * kb_act;
+  l.k = k;
+  l.t = t;
+  return rows;
+}
+
 // fp8 weights x e4m3 activations. A unit is one 128-wide weight-scale block: two chunks of 64 k,
-// lane t holding k 16t .. 16t + 15 of each (two mma steps).
+// lane t holding k 16t .. 16t + 15 of each (two mma steps). kWholeUnits: k is a multiple of 128
+// (every V4 dense weight), so no chunk needs a bound check.
+template <bool kWholeUnits>
 struct FewFp8 {
   static constexpr int kK = 128, kDepth = 2;
+  static constexpr float kOutScale = 1.0f;
+  struct Lane : QuantLane {
+    const float* ws;  // the 128-row block's scale row [ceil(k / 128)]
+  };
+  static __device__ __forceinline__ Lane lane(const SmallArgs& args, const RowTile& tile, std::int64_t n0, int g, int t) {
+    Lane l;
+    quant_lane(args, tile, n0, g, t, args.k, l);
+    l.ws = static_cast<const float*>(args.w.scale) + static_cast<std::int64_t>(tile.expert) * args.w.scale_stride +
+           (n0 / 128) * ((args.k + 127) / 128);
+    // the lane's own bytes of every unit, so a unit's address is one multiply-add
+    l.w_lo += 16 * t;
+    l.w_hi += 16 * t;
+    l.x += 16 * t;
+    return l;
+  }
   struct Regs {
     uint4 w_lo[2], w_hi[2], x[2];
     float sa0, sa1, ws;
   };
-  static __device__ __forceinline__ void load(const FewLane& l, std::int64_t k0, Regs& r) {
+  static __device__ __forceinline__ void load(const Lane& l, int unit, Regs& r) {
+    const std::uint8_t *w_lo = l.w_lo + unit * kK, *w_hi = l.w_hi + unit * kK, *x = l.x + unit * kK;
     DSV4_UNROLL
     for (int h = 0; h < 2; ++h) {
-      const std::int64_t k = k0 + 64 * h + 16 * l.t;
-      const bool ok = k < l.k;
-      r.w_lo[h] = load_or_zero<uint4>(l.w_lo, k, ok);
-      r.w_hi[h] = load_or_zero<uint4>(l.w_hi, k, ok);
-      r.x[h] = load_or_zero<uint4>(l.x, k, ok);
+      const bool ok = kWholeUnits || unit * kK + 64 * h + 16 * l.t < l.k;
+      r.w_lo[h] = ok ? *reinterpret_cast<const uint4*>(w_lo + 64 * h) : make_uint4(0, 0, 0, 0);
+      r.w_hi[h] = ok ? *reinterpret_cast<const uint4*>(w_hi + 64 * h) : make_uint4(0, 0, 0, 0);
+      r.x[h] = ok ? *reinterpret_cast<const uint4*>(x + 64 * h) : make_uint4(0, 0, 0, 0);
     }
-    const std::int64_t kb = k0 / 128;
-    r.sa0 = l.sa0 != nullptr ? l.sa0[kb] : 0.0f;
-    r.sa1 = l.sa1 != nullptr ? l.sa1[kb] : 0.0f;
-    r.ws = l.ws[kb];
+    r.sa0 = l.sa0[unit];
+    r.sa1 = l.sa1[unit];
+    r.ws = l.ws[unit];
   }
   static __device__ __forceinline__ void accumulate(const Regs& r, float (&acc)[4]) {
     float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -206,72 +319,99 @@ struct FewFp8 {
   }
 };
 
-// fp4 weights (rebuilt as e4m3) x e4m3 activations. A unit is 128 k = four 32-wide weight-scale
-// blocks, one mma step each: lane t holds k 8t .. 8t + 7 of each block (4 bytes of packed e2m1),
-// in a full unit one 16-byte load per weight row (the GPU layout keeps those words together).
+// fp4 weights (rebuilt as e4m3 bytes of value * 2^-6, numerics.cuh) x e4m3 activations. A unit is
+// 128 k = four 32-wide weight-scale blocks, one mma step each: lane t holds k 8t .. 8t + 7 of each
+// block (one word of packed e2m1; in a full unit the GPU layout keeps the lane's four words
+// together for one 16-byte load). kWholeUnits: k is a multiple of 128 (every V4 expert), so no
+// unit is partial and the scale words are aligned.
+template <bool kWholeUnits>
 struct FewFp4 {
   static constexpr int kK = 128, kDepth = 3;
+  struct Lane : QuantLane {
+    const std::uint8_t* s_lo;  // UE8M0 rows (k / 32 bytes) of weight rows g and g + 8
+    const std::uint8_t* s_hi;
+  };
   struct Regs {
-    std::uint32_t w_lo[4], w_hi[4];
+    uint4 w_lo, w_hi;  // word s: block s
     uint2 x[4];
     std::uint32_t s_lo, s_hi;  // the four blocks' UE8M0 bytes of rows g and g + 8
     float sa0, sa1;
   };
-  static __device__ __forceinline__ void load(const FewLane& l, std::int64_t k0, Regs& r) {
-    if (k0 + 128 <= l.k) {
-      const uint4 lo = load_or_zero<uint4>(l.w_lo, k0 / 2 + 16 * l.t, true);
-      const uint4 hi = load_or_zero<uint4>(l.w_hi, k0 / 2 + 16 * l.t, true);
-      r.w_lo[0] = lo.x, r.w_lo[1] = lo.y, r.w_lo[2] = lo.z, r.w_lo[3] = lo.w;
-      r.w_hi[0] = hi.x, r.w_hi[1] = hi.y, r.w_hi[2] = hi.z, r.w_hi[3] = hi.w;
-    } else {
-      // the tail (k % 128) keeps checkpoint order
+  static __device__ __forceinline__ Lane lane(const SmallArgs& args, const RowTile& tile, std::int64_t n0, int g, int t) {
+    Lane l;
+    const QuantRows rows = quant_lane(args, tile, n0, g, t, args.k / 2, l);
+    const auto* s = static_cast<const std::uint8_t*>(args.w.scale) + static_cast<std::int64_t>(tile.expert) * args.w.scale_stride;
+    l.s_lo = s + rows.lo * (args.k / 32);
+    l.s_hi = s + rows.hi * (args.k / 32);
+    if constexpr (kWholeUnits) {
+      // the lane's own bytes of every unit, so a unit's address is one multiply-add
+      l.w_lo += 16 * t;
+      l.w_hi += 16 * t;
+      l.x += 8 * t;
+    }
+    return l;
+  }
+  static __device__ __forceinline__ void load(const Lane& l, int unit, Regs& r) {
+    if constexpr (kWholeUnits) {
+      // a unit is 64 weight bytes, 128 codes and one scale word further
+      r.w_lo = *reinterpret_cast<const uint4*>(l.w_lo + unit * 64);
+      r.w_hi = *reinterpret_cast<const uint4*>(l.w_hi + unit * 64);
+      const std::uint8_t* x = l.x + unit * 128;
       DSV4_UNROLL
-      for (int s = 0; s < 4; ++s) {
-        const std::int64_t k = k0 + 32 * s;
-        r.w_lo[s] = load_or_zero<std::uint32_t>(l.w_lo, k / 2 + 4 * l.t, k < l.k);
-        r.w_hi[s] = load_or_zero<std::uint32_t>(l.w_hi, k / 2 + 4 * l.t, k < l.k);
-      }
-    }
-    DSV4_UNROLL
-    for (int s = 0; s < 4; ++s) {
-      const std::int64_t k = k0 + 32 * s;
-      r.x[s] = load_or_zero<uint2>(l.x, k + 8 * l.t, k < l.k);
-    }
-    if (l.k % 128 == 0) {
-      // The four blocks' scale bytes are one aligned word of each row.
-      r.s_lo = load_or_zero<std::uint32_t>(l.s_lo, k0 / 32, true);
-      r.s_hi = load_or_zero<std::uint32_t>(l.s_hi, k0 / 32, true);
+      for (int s = 0; s < 4; ++s) r.x[s] = *reinterpret_cast<const uint2*>(x + 32 * s);
+      r.s_lo = reinterpret_cast<const std::uint32_t*>(l.s_lo)[unit];
+      r.s_hi = reinterpret_cast<const std::uint32_t*>(l.s_hi)[unit];
     } else {
+      // any k: word loads, a tail unit (k % 128) in checkpoint word order, zeros past k
+      std::uint32_t lo[4], hi[4];
       r.s_lo = 0;
       r.s_hi = 0;
+      const int k0 = unit * kK;
+      const bool full = k0 + kK <= l.k;
       DSV4_UNROLL
       for (int s = 0; s < 4; ++s) {
-        const std::int64_t k = k0 + 32 * s;
-        r.s_lo |= static_cast<std::uint32_t>(load_or_zero<std::uint8_t>(l.s_lo, k / 32, k < l.k)) << (8 * s);
-        r.s_hi |= static_cast<std::uint32_t>(load_or_zero<std::uint8_t>(l.s_hi, k / 32, k < l.k)) << (8 * s);
+        const int k = k0 + 32 * s;
+        const bool ok = k < l.k;
+        const int word = full ? k0 / 2 + 16 * l.t + 4 * s : k / 2 + 4 * l.t;
+        lo[s] = ok ? *reinterpret_cast<const std::uint32_t*>(l.w_lo + word) : 0u;
+        hi[s] = ok ? *reinterpret_cast<const std::uint32_t*>(l.w_hi + word) : 0u;
+        r.x[s] = ok ? *reinterpret_cast<const uint2*>(l.x + k + 8 * l.t) : make_uint2(0, 0);
+        r.s_lo |= ok ? static_cast<std::uint32_t>(l.s_lo[k / 32]) << (8 * s) : 0x7fu << (8 * s);  // 0x7f: 1.0
+        r.s_hi |= ok ? static_cast<std::uint32_t>(l.s_hi[k / 32]) << (8 * s) : 0x7fu << (8 * s);
       }
+      r.w_lo = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      r.w_hi = make_uint4(hi[0], hi[1], hi[2], hi[3]);
     }
-    const std::int64_t kb = k0 / 128;
-    r.sa0 = l.sa0 != nullptr ? l.sa0[kb] : 0.0f;
-    r.sa1 = l.sa1 != nullptr ? l.sa1[kb] : 0.0f;
+    r.sa0 = l.sa0[unit];
+    r.sa1 = l.sa1[unit];
   }
   static __device__ __forceinline__ void accumulate(const Regs& r, float (&acc)[4]) {
+    float ws_lo[4], ws_hi[4];
+    ue8m0x4_values(r.s_lo, ws_lo);
+    ue8m0x4_values(r.s_hi, ws_hi);
+    // sum over the unit's blocks of product * weight scale, then times the activation scale: both
+    // scales are powers of two, so this rounds as product * (activation scale * weight scale)
+    float unit[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     DSV4_UNROLL
     for (int s = 0; s < 4; ++s) {
-      // mma k 4t..4t+3 <- the lane's values 0..3 (low 16 bits), k 16+4t.. <- values 4..7.
-      const std::uint32_t a[4] = {e2m1x4_to_e4m3x4(r.w_lo[s]), e2m1x4_to_e4m3x4(r.w_hi[s]), e2m1x4_to_e4m3x4(r.w_lo[s] >> 16),
-                                  e2m1x4_to_e4m3x4(r.w_hi[s] >> 16)};
+      const std::uint32_t wl = word_of(r.w_lo, s), wh = word_of(r.w_hi, s);
+      // mma k 4t..4t+3 <- the lane's values 0..3 (low nibbles), k 16+4t.. <- values 4..7.
+      const std::uint32_t a[4] = {e2m1_low_nibbles_as_e4m3(wl), e2m1_low_nibbles_as_e4m3(wh), e2m1_high_nibbles_as_e4m3(wl),
+                                  e2m1_high_nibbles_as_e4m3(wh)};
       const std::uint32_t b[2] = {r.x[s].x, r.x[s].y};
       float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       mma_m16n8k32_e4m3(part, a, b, part);
-      const float w_lo = ue8m0_value(static_cast<std::uint8_t>(r.s_lo >> (8 * s)));
-      const float w_hi = ue8m0_value(static_cast<std::uint8_t>(r.s_hi >> (8 * s)));
-      acc[0] += part[0] * (r.sa0 * w_lo);
-      acc[1] += part[1] * (r.sa1 * w_lo);
-      acc[2] += part[2] * (r.sa0 * w_hi);
-      acc[3] += part[3] * (r.sa1 * w_hi);
+      unit[0] += part[0] * ws_lo[s];
+      unit[1] += part[1] * ws_lo[s];
+      unit[2] += part[2] * ws_hi[s];
+      unit[3] += part[3] * ws_hi[s];
     }
+    acc[0] += unit[0] * r.sa0;
+    acc[1] += unit[1] * r.sa1;
+    acc[2] += unit[2] * r.sa0;
+    acc[3] += unit[3] * r.sa1;
   }
+  static constexpr float kOutScale = kFp4Rebuild;
 };
 
 // bf16 activations x bf16 weights, or fp8 weights as their exact bf16 values (code x block
@@ -279,13 +419,19 @@ struct FewFp4 {
 template <WeightFormat F>
 struct FewBf16 {
   static constexpr int kK = 64, kDepth = F == WeightFormat::kBf16 ? 2 : 4;
+  static constexpr float kOutScale = 1.0f;
+  using Lane = FewLane;
+  static __device__ __forceinline__ Lane lane(const SmallArgs& args, const RowTile& tile, std::int64_t n0, int g, int t) {
+    return few_lane<F>(args, tile, n0, g, t);
+  }
   using WeightChunk = std::conditional_t<F == WeightFormat::kBf16, uint4, uint2>;
   struct Regs {
     WeightChunk w_lo[2], w_hi[2];
     uint4 x[2];
     float ws;
   };
-  static __device__ __forceinline__ void load(const FewLane& l, std::int64_t k0, Regs& r) {
+  static __device__ __forceinline__ void load(const FewLane& l, int unit, Regs& r) {
+    const std::int64_t k0 = static_cast<std::int64_t>(unit) * kK;
     constexpr int kWeightBytes = F == WeightFormat::kBf16 ? 2 : 1;
     DSV4_UNROLL
     for (int h = 0; h < 2; ++h) {
@@ -333,69 +479,44 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(SmallArgs args, i
 
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (n0 < n_total) {
-    FewLane l;
-    l.k = k;
-    l.t = t;
-    const auto* wbase = static_cast<const std::uint8_t*>(args.w.data) + static_cast<std::int64_t>(tile.expert) * args.w.expert_stride;
-    const std::int64_t row_bytes = F == WeightFormat::kFp4 ? k / 2 : F == WeightFormat::kFp8 ? k : 2 * k;
-    if (n0 + g < n_total) l.w_lo = wbase + (n0 + g) * row_bytes;
-    if (n0 + g + 8 < n_total) l.w_hi = wbase + (n0 + g + 8) * row_bytes;
-    const std::int64_t kb_act = (k + kActBlock - 1) / kActBlock;
-    if (g < tile.count) {
-      const std::int64_t row = source_row(tile, g, args.tiles, args.experts);
-      if (args.a_codes != nullptr) {
-        l.x = args.a_codes + row * k;
-      } else {
-        const std::int64_t group = args.n_per_group > 0 ? n0 / args.n_per_group : 0;
-        l.x = args.a_bf16 + row * args.lda + group * args.a_group_stride;
-      }
-    }
-    if (args.a_scales != nullptr) {
-      if (2 * t < tile.count) l.sa0 = args.a_scales + source_row(tile, 2 * t, args.tiles, args.experts) * kb_act;
-      if (2 * t + 1 < tile.count) l.sa1 = args.a_scales + source_row(tile, 2 * t + 1, args.tiles, args.experts) * kb_act;
-    }
-    if constexpr (F == WeightFormat::kFp8) {
-      l.ws = static_cast<const float*>(args.w.scale) + static_cast<std::int64_t>(tile.expert) * args.w.scale_stride +
-             (n0 / 128) * ((k + 127) / 128);
-    } else if constexpr (F == WeightFormat::kFp4) {
-      const auto* s = static_cast<const std::uint8_t*>(args.w.scale) + static_cast<std::int64_t>(tile.expert) * args.w.scale_stride;
-      if (l.w_lo != nullptr) l.s_lo = s + (n0 + g) * (k / 32);
-      if (l.w_hi != nullptr) l.s_hi = s + (n0 + g + 8) * (k / 32);
-    }
-
-    const std::int64_t units = (k + U::kK - 1) / U::kK;
-    const std::int64_t u_begin = units * wk / k_split, u_end = units * (wk + 1) / k_split;
+    const typename U::Lane l = U::lane(args, tile, n0, g, t);
+    // the warp's units [u_begin, u_end) of k (32-bit: a row has at most 2^31 / 64 units)
+    const int units = static_cast<int>((k + U::kK - 1) / U::kK);
+    const int u_begin = units * wk / k_split, u_end = units * (wk + 1) / k_split;
     typename U::Regs buf[U::kDepth];
     DSV4_UNROLL
     for (int d = 0; d < U::kDepth; ++d)
-      if (u_begin + d < u_end) U::load(l, (u_begin + d) * U::kK, buf[d]);
-    for (std::int64_t u = u_begin; u < u_end; u += U::kDepth) {
+      if (u_begin + d < u_end) U::load(l, u_begin + d, buf[d]);
+    for (int u = u_begin; u < u_end; u += U::kDepth) {
       DSV4_UNROLL
       for (int d = 0; d < U::kDepth; ++d) {
         if (u + d < u_end) {
           U::accumulate(buf[d], acc);
-          if (u + d + U::kDepth < u_end) U::load(l, (u + d + U::kDepth) * U::kK, buf[d]);
+          if (u + d + U::kDepth < u_end) U::load(l, u + d + U::kDepth, buf[d]);
         }
       }
     }
   }
 
+  // The block's sum: its k warps' partials added in warp order.
   if (k_split > 1) {
     DSV4_UNROLL
     for (int e = 0; e < 4; ++e) partial[warp][lane][e] = acc[e];
     __syncthreads();
-    if (wk != 0) return;
-    for (int w = 1; w < k_split; ++w) {
-      DSV4_UNROLL
-      for (int e = 0; e < 4; ++e) acc[e] += partial[w * warps_n + wn][lane][e];
+    if (wk == 0) {
+      for (int w = 1; w < k_split; ++w) {
+        DSV4_UNROLL
+        for (int e = 0; e < 4; ++e) acc[e] += partial[w * warps_n + wn][lane][e];
+      }
     }
   }
+  if (wk != 0) return;
   // acc[e]: weight row n0 + g (+ 8 for e >= 2), token 2t + (e & 1).
   DSV4_UNROLL
   for (int e = 0; e < 4; ++e) {
     const std::int64_t n = n0 + g + 8 * (e >> 1);
     const int m = 2 * t + (e & 1);
-    if (m < tile.count && n < n_total) store_out(args.out, tile.first + m, n, acc[e]);
+    if (m < tile.count && n < n_total) store_out(args.out, tile.first + m, n, acc[e] * U::kOutScale);
   }
 }
 
@@ -436,6 +557,7 @@ __global__ void __launch_bounds__(kThreads) mma_fp8_kernel(MmaArgs args) {
   const int warp_m = warp >> 2, warp_n = warp & 3;
   const std::int64_t k = args.k, n_total = args.w.n;
   const std::int64_t n0 = static_cast<std::int64_t>(blockIdx.x) * kTileN;
+  constexpr float kOutScale = F == WeightFormat::kFp4 ? kFp4Rebuild : 1.0f;  // fp4 values rebuilt times 2^-6
   const std::int64_t kb_act = (k + kActBlock - 1) / kActBlock;
   const std::int64_t kb_w = (k + 127) / 128;
   const int k_tiles = static_cast<int>((k + 127) / 128);
@@ -465,7 +587,7 @@ __global__ void __launch_bounds__(kThreads) mma_fp8_kernel(MmaArgs args) {
         cp_async_16_zfill(Bs + row * kRowBytes + col, src, ok);
       }
     } else {
-      // fp4: 64 packed bytes per row and k tile; each thread rebuilds 2 x 32 values as e4m3.
+      // fp4: 64 packed bytes per row and k tile; each thread rebuilds 2 x 32 values as e4m3 (times 2^-6).
       const auto* sbase = static_cast<const std::uint8_t*>(args.w.scale) + static_cast<std::int64_t>(tile.expert) * args.w.scale_stride;
       DSV4_UNROLL
       for (int i = 0; i < 2; ++i) {
@@ -479,25 +601,11 @@ __global__ void __launch_bounds__(kThreads) mma_fp8_kernel(MmaArgs args) {
           s = ue8m0_value(sbase[(n0 + row) * (k / 32) + k0 / 32 + part]);
         }
         const std::uint32_t in[4] = {raw.x, raw.y, raw.z, raw.w};
-        std::uint32_t outw[8];
+        std::uint32_t outw[8];  // word wd's values 0..3, then 4..7 (the GPU layout's nibbles)
         DSV4_UNROLL
         for (int wd = 0; wd < 4; ++wd) {
-          const std::uint32_t v = in[wd];
-          std::uint32_t lo = 0, hi = 0;
-          DSV4_UNROLL
-          for (int b = 0; b < 2; ++b) {
-            const std::uint32_t byte = (v >> (8 * b)) & 0xffu;
-            lo |= e2m1_to_e4m3_byte(byte & 0xfu) << (16 * b);
-            lo |= e2m1_to_e4m3_byte(byte >> 4) << (16 * b + 8);
-          }
-          DSV4_UNROLL
-          for (int b = 0; b < 2; ++b) {
-            const std::uint32_t byte = (v >> (8 * (b + 2))) & 0xffu;
-            hi |= e2m1_to_e4m3_byte(byte & 0xfu) << (16 * b);
-            hi |= e2m1_to_e4m3_byte(byte >> 4) << (16 * b + 8);
-          }
-          outw[2 * wd] = lo;
-          outw[2 * wd + 1] = hi;
+          outw[2 * wd] = e2m1_low_nibbles_as_e4m3(in[wd]);
+          outw[2 * wd + 1] = e2m1_high_nibbles_as_e4m3(in[wd]);
         }
         if (k0 + 128 <= k) {
           // GPU layout: word wd of the 16 bytes holds k 32 wd + 8 part .. + 7
@@ -622,7 +730,7 @@ __global__ void __launch_bounds__(kThreads) mma_fp8_kernel(MmaArgs args) {
       for (int e = 0; e < 4; ++e) {
         const int r = row_in_tile(mi, e >> 1);
         const std::int64_t col = n0 + warp_n * 32 + ni * 8 + tig * 2 + (e & 1);
-        if (r < tile.count && col < n_total) store_out(args.out, tile.first + r, col, acc[mi][ni][e]);
+        if (r < tile.count && col < n_total) store_out(args.out, tile.first + r, col, acc[mi][ni][e] * kOutScale);
       }
     }
   }
@@ -764,8 +872,9 @@ void check_k(std::int64_t k, const char* who) {
   if (k <= 0 || k % 32 != 0) launch_error(who, {k});
 }
 
-// Few-rows launch: warps along the output as wide as still gives about two blocks per SM (132 on
-// an H100 / H200), the rest of the block's warps splitting k.
+// Few-rows launch: warps along the output as wide as still gives about two blocks per SM, the
+// rest of the block's warps splitting k. (Splitting k over CTAs as well, for the narrow outputs,
+// was measured slower on 2026-12-02: docs/perf.md.)
 template <class U, WeightFormat F>
 void launch_few(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t stream) {
   const std::int64_t groups = (args.w.n + 15) / 16;
@@ -778,6 +887,16 @@ void launch_few(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t stre
   }
   launch(few_rows_kernel<U, F>, dim3(static_cast<unsigned>((groups + warps_n - 1) / warps_n), static_cast<unsigned>(row_tiles)),
          dim3(kThreads), 0, stream, args, warps_n);
+}
+
+void launch_few_fp8(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t stream) {
+  if (args.k % 128 == 0) launch_few<FewFp8<true>, WeightFormat::kFp8>(args, row_tiles, stream);
+  else launch_few<FewFp8<false>, WeightFormat::kFp8>(args, row_tiles, stream);
+}
+
+void launch_few_fp4(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t stream) {
+  if (args.k % 128 == 0) launch_few<FewFp4<true>, WeightFormat::kFp4>(args, row_tiles, stream);
+  else launch_few<FewFp4<false>, WeightFormat::kFp4>(args, row_tiles, stream);
 }
 
 template <WeightFormat F>
@@ -828,10 +947,18 @@ bool use_stream(GemmPath path) { return path == GemmPath::kStream; }
 
 void fp4_to_gpu_layout(void* data, std::int64_t rows, std::int64_t k, gpu_stream_t stream) {
   check_k(k, "fp4_to_gpu_layout: the row length {} must be a positive multiple of 32");
-  const std::int64_t units = rows * (k / 128);
+  const std::int64_t units = rows * ((k + 127) / 128);
   if (units <= 0) return;
-  launch(fp4_transpose_units_kernel, dim3(static_cast<unsigned>((units + kThreads - 1) / kThreads)), dim3(kThreads), 0, stream,
-         static_cast<std::uint8_t*>(data), rows, k);
+  launch(fp4_layout_kernel, dim3(static_cast<unsigned>((units + kThreads - 1) / kThreads)), dim3(kThreads), 0, stream,
+         static_cast<std::uint8_t*>(data), rows, k, true);
+}
+
+void fp4_from_gpu_layout(void* data, std::int64_t rows, std::int64_t k, gpu_stream_t stream) {
+  check_k(k, "fp4_from_gpu_layout: the row length {} must be a positive multiple of 32");
+  const std::int64_t units = rows * ((k + 127) / 128);
+  if (units <= 0) return;
+  launch(fp4_layout_kernel, dim3(static_cast<unsigned>((units + kThreads - 1) / kThreads)), dim3(kThreads), 0, stream,
+         static_cast<std::uint8_t*>(data), rows, k, false);
 }
 
 bool gemm_library_supports(std::int64_t rows, const DeviceWeight& w, const GemmOutput& out) {
@@ -866,8 +993,8 @@ void gemm_quantized(const QuantizedRows& a, std::int64_t rows, const DeviceWeigh
   if (use_small(rows, w.n, path)) {
     SmallArgs s{a.codes, a.scales, nullptr, 0, 0, w.k, w, 0, out, rows, rows_dev, {}, false};
     const std::int64_t tiles = (rows + kSmallRows - 1) / kSmallRows;
-    if (w.format == WeightFormat::kFp8) launch_few<FewFp8, WeightFormat::kFp8>(s, tiles, stream);
-    else launch_few<FewFp4, WeightFormat::kFp4>(s, tiles, stream);
+    if (w.format == WeightFormat::kFp8) launch_few_fp8(s, tiles, stream);
+    else launch_few_fp4(s, tiles, stream);
     return;
   }
   if (path == GemmPath::kLibrary || (path == GemmPath::kAutoPrefill && library_opted_in())) {
@@ -910,8 +1037,8 @@ void gemm_quantized_experts(const QuantizedRows& a, const ExpertTiles& tiles, co
   if (tiles.max_tiles <= 0) return;
   if (tiles.tile_m == kSmallRows) {
     SmallArgs s{a.codes, a.scales, nullptr, 0, 0, w.k, w, 0, out, 0, nullptr, tiles, true};
-    if (w.format == WeightFormat::kFp8) launch_few<FewFp8, WeightFormat::kFp8>(s, tiles.max_tiles, stream);
-    else launch_few<FewFp4, WeightFormat::kFp4>(s, tiles.max_tiles, stream);
+    if (w.format == WeightFormat::kFp8) launch_few_fp8(s, tiles.max_tiles, stream);
+    else launch_few_fp4(s, tiles.max_tiles, stream);
     return;
   }
   if (tiles.tile_m != kTileRows) launch_error("gemm_quantized_experts: tiles of {} rows", {tiles.tile_m});

@@ -25,8 +25,8 @@ namespace dsv4::gpu {
 enum class WeightFormat : std::int32_t {
   kBf16,   // bf16 [n][k]
   kFp8,    // e4m3 [n][k], fp32 scales [ceil(n/128)][ceil(k/128)] (UE8M0 values widened)
-  kFp4,    // packed e2m1 [n][k/2] (low nibble = even k) in the GPU layout (fp4_to_gpu_layout),
-           // UE8M0 bytes [n][k/32]
+  kFp4,    // packed e2m1 [n][k/2] in the GPU layout (fp4_to_gpu_layout; the checkpoint's low nibble
+           // is the even k), UE8M0 bytes [n][k/32]
 };
 
 // One weight matrix on the device, or `experts` of them stacked (expert e at data +
@@ -99,9 +99,12 @@ void quantize_activations(const std::uint16_t* x, std::int64_t ld, std::int64_t 
 
 // Puts fp4 weights uploaded in checkpoint order ([rows][k/2] packed e2m1) into the GPU layout the
 // products read, in place: each full 128-wide k unit of a row (64 bytes, 16 words; word 4s + t
-// holds k 32s + 8t .. 32s + 8t + 7) stored with word 4s + t at 4t + s; a tail of k % 128 stays.
-// The same call converts back. The scales are not touched.
+// holds k 32s + 8t .. 32s + 8t + 7) stored with word 4s + t at 4t + s, a tail of k % 128 keeping
+// its word order; inside every word, value j (of the word's 8) in the low nibble of byte j and
+// value j + 4 in its high nibble (the checkpoint packs values 2j, 2j + 1 into byte j). The scales
+// are not touched. fp4_from_gpu_layout converts back.
 void fp4_to_gpu_layout(void* data, std::int64_t rows, std::int64_t k, gpu_stream_t stream);
+void fp4_from_gpu_layout(void* data, std::int64_t rows, std::int64_t k, gpu_stream_t stream);
 
 // Whether cuBLASLt's block-scaled product (GemmPath::kLibrary) can run `rows` rows against `w`
 // into `out`: a dense fp8 weight with n a multiple of 128 and k of 512, bf16 output, 16-byte aligned, a

@@ -132,21 +132,35 @@ __device__ __forceinline__ float e2m1_value(std::uint8_t code) {
                           : __uint_as_float((((mag >> 1) + 126u) << 23) | ((mag & 1u) << 22));
   return (code & 8) ? -v : v;
 }
-// The e4m3 byte holding the value of e2m1 code c (every e2m1 value is an e4m3 value).
-__device__ __forceinline__ std::uint32_t e2m1_to_e4m3_byte(std::uint32_t c) {
-  const std::uint32_t mag = c & 7u;
-  // 0 -> 0x00, 0.5 -> 0x30, 1 -> 0x38, 1.5 -> 0x3c, 2 -> 0x40, 3 -> 0x44, 4 -> 0x48, 6 -> 0x4c
-  const std::uint32_t byte = mag == 0 ? 0u : mag == 1 ? 0x30u : (0x38u + ((mag - 2u) << 2));
-  return byte | ((c & 8u) << 4);
+// e2m1 codes as e4m3 bytes holding the value times 2^-6, by moving bits: e2m1's two exponent
+// bits and one mantissa bit land on e4m3's two lowest exponent bits and its top mantissa bit, the
+// sign on the sign. Exact for every code: the normal values 2^(e-1) (1 + m/2) become 2^(e-7)
+// (1 + m/2), and e2m1's subnormal 0.5 becomes e4m3's subnormal 2^-7 (zero stays zero). Products
+// of such bytes are multiplied by 64 once at the end (kFp4Rebuild). The fp4 GPU layout keeps
+// value j of a word in the low nibble of byte j and value j + 4 in its high nibble
+// (fp4_to_gpu_layout), so one word gives values 0..3 and 4..7 as two e4m3 words in order.
+inline constexpr float kFp4Rebuild = 64.0f;
+__device__ __forceinline__ std::uint32_t e2m1_low_nibbles_as_e4m3(std::uint32_t w) {
+  return ((w << 2) & 0x1c1c1c1cu) | ((w << 4) & 0x80808080u);
+}
+__device__ __forceinline__ std::uint32_t e2m1_high_nibbles_as_e4m3(std::uint32_t w) {
+  return ((w >> 2) & 0x1c1c1c1cu) | (w & 0x80808080u);
 }
 
-// Four e2m1 codes (the low 16 bits, lowest k in the lowest nibble) as four e4m3 bytes (lowest k
-// in the lowest byte): magnitudes through a byte-permute table, signs from a second permute.
-__device__ __forceinline__ std::uint32_t e2m1x4_to_e4m3x4(std::uint32_t codes) {
-  constexpr std::uint32_t kMagLo = 0x3c383000u, kMagHi = 0x4c484440u;  // e2m1_to_e4m3_byte of 0..7
-  const std::uint32_t mag = __byte_perm(kMagLo, kMagHi, codes & 0x7777u);
-  const std::uint32_t sign = __byte_perm(0u, 0x80808080u, (codes & 0x8888u) >> 1);  // selector 4: 0x80
-  return mag | sign;
+// The values of the four UE8M0 bytes of a word (byte s -> scale[s]). Bytes 1..254 are exact
+// exponent fields; 0 (2^-127, a subnormal) and 255 (NaN) take ue8m0_value, in a branch that
+// real checkpoints never enter.
+__device__ __forceinline__ void ue8m0x4_values(std::uint32_t word, float (&scale)[4]) {
+  scale[0] = __uint_as_float((word << 23) & 0x7f800000u);
+  scale[1] = __uint_as_float((word << 15) & 0x7f800000u);
+  scale[2] = __uint_as_float((word << 7) & 0x7f800000u);
+  scale[3] = __uint_as_float((word >> 1) & 0x7f800000u);
+  const std::uint32_t zero_byte = (word - 0x01010101u) & ~word & 0x80808080u;
+  const std::uint32_t ff_byte = (~word - 0x01010101u) & word & 0x80808080u;
+  if ((zero_byte | ff_byte) != 0) {
+    DSV4_UNROLL
+    for (int s = 0; s < 4; ++s) scale[s] = ue8m0_value(static_cast<std::uint8_t>(word >> (8 * s)));
+  }
 }
 
 // Two e4m3 codes (the low 16 bits) times a power-of-two scale, as two bf16 (low half = low
