@@ -384,6 +384,7 @@ void bench_indexer_case(const char* label, gpu::IndexerFormat format, std::int64
       scores(static_cast<std::size_t>(seqs * entries * 4)), top(static_cast<std::size_t>(seqs * kTop * 4)),
       count(static_cast<std::size_t>(seqs * 4)),
       q_work(static_cast<std::size_t>(gpu::indexer_q_work_bytes(seqs))),
+      key_counts(static_cast<std::size_t>(4 * gpu::indexer_key_count_ints(seqs))),
       top_work(static_cast<std::size_t>(std::max<std::int64_t>(
           1, 4 * gpu::indexer_top_k_work_ints(seqs, gpu::indexer_top_k_segments(seqs, entries, gpu::device_info().sm_count)))));
   {
@@ -413,6 +414,8 @@ void bench_indexer_case(const char* label, gpu::IndexerFormat format, std::int64
   a.key_group = 0;
   a.format = format;
   a.q_work = q_work.as<std::uint8_t>();
+  gpu::fill_bytes(key_counts.data(), 0, key_counts.size(), stream);  // (each call leaves them zero)
+  a.key_counts = key_counts.as<std::int32_t>();
   a.top_k_work = top_work.as<std::int32_t>();
   a.scores = scores.as<float>();
   a.max_entries = entries;

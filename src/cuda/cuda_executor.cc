@@ -86,7 +86,7 @@ struct CudaExecutor::Scratch {
   float *gate_logits = nullptr, *route_w = nullptr, *slot_w = nullptr, *part_acc = nullptr, *part_ml = nullptr;
   float* logits = nullptr;
   float* hc_scratch = nullptr;
-  std::int32_t *top_idx = nullptr, *top_count = nullptr, *top_k_work = nullptr, *route_e = nullptr, *source_row = nullptr, *slot_of = nullptr;
+  std::int32_t *top_idx = nullptr, *top_count = nullptr, *top_k_work = nullptr, *key_counts = nullptr, *route_e = nullptr, *source_row = nullptr, *slot_of = nullptr;
   std::int32_t *tile_expert = nullptr, *tile_row0 = nullptr, *tile_rows = nullptr, *num_tiles = nullptr, *num_rows = nullptr;
   // MTP block inputs
   std::uint16_t *mtp_h0 = nullptr, *mtp_h1 = nullptr, *mtp_hn = nullptr, *mtp_hp = nullptr, *mtp_e = nullptr,
@@ -140,6 +140,7 @@ struct CudaExecutor::Scratch {
         work = std::max(work, indexer_top_k_work_ints(n, indexer_top_k_segments(n, max_entries, sm_count)));
       top_k_work = k.take<std::int32_t>(std::max<std::int64_t>(work, 1));
       index_q_work = k.take<std::uint8_t>(indexer_q_work_bytes(index_chunk));
+      key_counts = k.take<std::int32_t>(indexer_key_count_ints(index_chunk));  // zeroed by allocate()
     }
     o = k.take<std::uint16_t>(T * H * 512);
     part_acc = k.take<float>(kPartialTokens * H * 512);
@@ -309,6 +310,9 @@ void CudaExecutor::allocate(std::span<const std::int64_t> pages_per_bucket, cons
   const std::int64_t bytes = scratch_->layout(config_, limits_, options_, device_.sm_count, nullptr);
   scratch_->memory = DeviceBuffer(static_cast<std::size_t>(bytes));
   scratch_->layout(config_, limits_, options_, device_.sm_count, scratch_->memory.as<std::uint8_t>());
+  // the indexer's key counts start at zero (each scores call leaves them so)
+  if (scratch_->key_counts != nullptr)
+    fill_bytes(scratch_->key_counts, 0, static_cast<std::size_t>(indexer_key_count_ints(scratch_->index_chunk)) * 4, stream_);
   logits_host_ = PinnedBuffer(static_cast<std::size_t>(scratch_->logits_rows * config_.vocab_size) * sizeof(float));
   graphs_.clear();
   warm_buckets_.clear();
@@ -325,10 +329,13 @@ std::vector<std::uint8_t> CudaExecutor::cache_snapshot(int bucket) const {
 }
 
 void CudaExecutor::randomize_cache(std::uint64_t seed) {
-  // Bytes 0x30..0x3f: e4m3 codes 0.5 .. 0.94, UE8M0 scales 2^-79 .. 2^-64, bf16 / fp32 values
-  // around 1e-9 .. 0.7 -- finite whatever format a byte belongs to.
+  // Bytes 0x30..0x37: e4m3 codes 0.5 .. 0.94, UE8M0 scales 2^-79 .. 2^-72, bf16 / fp32 values
+  // around 1e-9 .. 0.7 -- finite whatever format a byte belongs to. The UE8M0 scales of an
+  // entry stay within 8 binades, as a model's FP4 indexer keys do (16 binades, the range of
+  // 0x30..0x3f, sent most cache blocks down the indexer's exact path, which real keys -- their
+  // four block scales a few binades apart after the Hadamard rotation -- practically never take).
   for (std::size_t b = 0; b < pools_.size(); ++b)
-    fill_bytes_in_range(pools_[b].as<std::uint8_t>(), static_cast<std::int64_t>(pools_[b].size()), seed + b, 0x30, 0x3f,
+    fill_bytes_in_range(pools_[b].as<std::uint8_t>(), static_cast<std::int64_t>(pools_[b].size()), seed + b, 0x30, 0x37,
                         stream_.handle());
   stream_.synchronize();
 }
@@ -753,6 +760,7 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
       part.top_count = s.top_count + t0;
       part.top_k_work = s.top_k_work;
       part.q_work = s.index_q_work;
+      part.key_counts = s.key_counts;
       indexer_scores(part, st);
       indexer_top_k(part, st);
       if (taps != nullptr) {

@@ -158,6 +158,10 @@ class Graph {
   void* exec_ = nullptr;   // cudaGraphExec_t
 };
 
+// Whether gpu::launch_dependent overlaps a kernel with the one before it (kernels/
+// dependent_launch.cuh): yes unless DSV4_DEPENDENT_LAUNCH=0 is in the environment (read once).
+bool dependent_launch_enabled();
+
 namespace detail {
 // Error paths of gpu::launch and gpu::set_max_dynamic_smem (cuda/device.h) in the real build,
 // implemented in runtime_cuda.cc so .cu files need no fmt: throw dsv4::Error naming the kernel.

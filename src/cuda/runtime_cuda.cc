@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "common/error.h"
@@ -240,6 +241,15 @@ void Graph::end_capture(const Stream& stream) {
 void Graph::replay(const Stream& stream) {
   if (exec_ == nullptr) fail("Graph::replay: no graph captured");
   DSV4_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), raw(stream)));
+}
+
+// ---- dependent launches (kernels/dependent_launch.cuh)
+bool dependent_launch_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("DSV4_DEPENDENT_LAUNCH");
+    return env == nullptr || std::string_view(env) != "0";
+  }();
+  return enabled;
 }
 
 // ---- launch errors (cuda/device.h)

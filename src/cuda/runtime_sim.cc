@@ -57,6 +57,7 @@ using Clock = std::chrono::steady_clock;
 }  // namespace
 
 bool simulated() { return true; }
+bool dependent_launch_enabled() { return false; }  // launches run one after another
 
 DeviceInfo device_info() {
   DeviceInfo info;

@@ -368,8 +368,9 @@ TEST(GpuOpsCache, IndexerQuery) {
 // =================================================================================================
 TEST(GpuOpsCache, IndexerTopKTies) {
   const std::int32_t k = sim() ? 64 : 512;
-  const std::vector<std::int64_t> ns = sim() ? std::vector<std::int64_t>{1, 5, k - 1, k, k + 1, 3 * k, 2000}
-                                             : std::vector<std::int64_t>{1, 5, k - 1, k, k + 1, 3 * k, 2000, 16000};
+  // (40000: more than four quads a thread in the write pass, one CTA or three segments: read twice)
+  const std::vector<std::int64_t> ns = sim() ? std::vector<std::int64_t>{1, 5, k - 1, k, k + 1, 3 * k, 2000, 40000}
+                                             : std::vector<std::int64_t>{1, 5, k - 1, k, k + 1, 3 * k, 2000, 16000, 40000};
   const std::int64_t T = static_cast<std::int64_t>(ns.size()) * 2;
   std::vector<std::int32_t> positions, ids(static_cast<std::size_t>(T), 0);
   for (std::int64_t n : ns) {
@@ -512,6 +513,8 @@ TEST(GpuOpsCache, IndexerScoresAndTopK) {
         DevArray<std::int32_t> idx(static_cast<std::size_t>((T + 2) * top_k)), cnt(static_cast<std::size_t>(T + 2));
         DevArray<std::int32_t> work(static_cast<std::size_t>(gpu::indexer_top_k_work_ints(T + 2, 4)));
         DevArray<std::uint8_t> q_work(static_cast<std::size_t>(gpu::indexer_q_work_bytes(T + 2)));
+        // key counts start at zero; every call must leave them so
+        DevArray<std::int32_t> key_counts(std::vector<std::int32_t>(static_cast<std::size_t>(gpu::indexer_key_count_ints(T + 2)), 0));
         for (int part = 0; part < 2; ++part) {
           gpu::IndexerArgs a;
           a.step = step->get();
@@ -532,6 +535,7 @@ TEST(GpuOpsCache, IndexerScoresAndTopK) {
           a.top_k_segments = part == 0 ? 1 : 4;  // top-k: one CTA a token; rows in 4 segments
           a.top_k_work = work.get();
           a.q_work = q_work.get();  // FP4 / FP8 keys on FP8 tensor cores
+          a.key_counts = key_counts.get();  // FP4 / FP8 keys, segmented top-k: the scores kernel does the first pass
           gpu::indexer_scores(a, st());
           gpu::indexer_top_k(a, st());
           if (part == 1 && idt != IndexerCacheDtype::kBf16) {  // FP4 / FP8 keys without q_work: a clear error
@@ -539,6 +543,10 @@ TEST(GpuOpsCache, IndexerScoresAndTopK) {
             bare.q_work = nullptr;
             EXPECT_THROW(gpu::indexer_scores(bare, st()), std::exception);
           }
+        }
+        {
+          const auto kc = key_counts.download();
+          EXPECT_EQ(std::count(kc.begin(), kc.end(), 0), static_cast<std::ptrdiff_t>(kc.size())) << "key counts left nonzero";
         }
         const auto gs = scores.download();
         const auto gi = idx.download();

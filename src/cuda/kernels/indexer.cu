@@ -8,6 +8,7 @@
 #include "cuda/kernels/launch_check.h"
 #include "cuda/device.h"
 #include "cuda/kernels/cache_access.cuh"
+#include "cuda/kernels/dependent_launch.cuh"
 #include "cuda/kernels/fragments.cuh"
 #include "cuda/kernels/numerics.cuh"
 #include "cuda/kernels/reduce.cuh"
@@ -201,7 +202,7 @@ __global__ void __launch_bounds__(kScoreThreads) scores_kernel(IndexerArgs a, fl
 constexpr int kTopThreads = 1024;
 
 // Exclusive prefix sum of `v` over the block in thread order, and the block's total; `warp_tot`
-// is 32 ints of shared memory.
+// is 32 ints of shared memory. Every warp scans the warps' totals itself (a lane each).
 __device__ __forceinline__ int block_exclusive_sum(int v, int* warp_tot, int* total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = static_cast<int>(blockDim.x >> 5);
   int incl = v;
@@ -213,13 +214,15 @@ __device__ __forceinline__ int block_exclusive_sum(int v, int* warp_tot, int* to
   __syncthreads();  // warp_tot free
   if (lane == 31) warp_tot[warp] = incl;
   __syncthreads();
-  int offset = 0, sum = 0;
-  for (int w = 0; w < warps; ++w) {
-    if (w < warp) offset += warp_tot[w];
-    sum += warp_tot[w];
+  const int tot = lane < warps ? warp_tot[lane] : 0;
+  int scan = tot;
+  DSV4_UNROLL
+  for (int d = 1; d < 32; d *= 2) {
+    const int u = __shfl_up_sync(0xffffffffu, scan, d);
+    if (lane >= d) scan += u;
   }
-  *total = sum;
-  return offset + incl - v;
+  *total = __shfl_sync(0xffffffffu, scan, 31);
+  return __shfl_sync(0xffffffffu, scan - tot, warp) + incl - v;
 }
 
 // Scores j..j+3 of a row (entries at or past n read as -inf): one 16-byte load where the row is
@@ -243,17 +246,19 @@ __device__ __forceinline__ void load_quad(const float* sc, std::int64_t j, std::
 
 // Adds the quads [q_lo, q_hi) of a row of n scores to the block's shared histogram `hist`: pass 0
 // bins keys by their high byte; pass 1 bins the low byte of the keys whose high byte is `high`
-// and returns this thread's count of keys above `high`. Quads go two a thread in flight; scores
-// cluster in few bins, so the lanes of a warp that hit the same bin add once, together. Every
-// thread of the block calls it (the loop bounds are the block's).
+// and returns this thread's count of keys above `high`. Quads go kInFlight a thread in flight
+// (a segment of 8192 entries is one round of 512 threads); scores cluster in few bins, so the
+// lanes of a warp that hit the same bin add once, together. Every thread of the block calls it
+// (the loop bounds are the block's).
 template <bool kVec4>
 __device__ __forceinline__ int add_to_histogram(const float* sc, std::int64_t n, std::int64_t q_lo, std::int64_t q_hi, int pass,
                                                 std::uint32_t high, int* hist) {
+  constexpr int kInFlight = 4;
   int above = 0;
-  for (std::int64_t base = q_lo; base < q_hi; base += 2 * static_cast<std::int64_t>(blockDim.x)) {
-    float v[2][4];
+  for (std::int64_t base = q_lo; base < q_hi; base += kInFlight * static_cast<std::int64_t>(blockDim.x)) {
+    float v[kInFlight][4];
     DSV4_UNROLL
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kInFlight; ++h) {
       const std::int64_t q = base + h * blockDim.x + threadIdx.x;
       if (q < q_hi) load_quad<kVec4>(sc, 4 * q, n, v[h]);
       else
@@ -261,7 +266,7 @@ __device__ __forceinline__ int add_to_histogram(const float* sc, std::int64_t n,
         for (int e = 0; e < 4; ++e) v[h][e] = -INFINITY;
     }
     DSV4_UNROLL
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < kInFlight; ++h) {
       const std::int64_t q = base + h * blockDim.x + threadIdx.x;
       DSV4_UNROLL
       for (int e = 0; e < 4; ++e) {
@@ -285,32 +290,51 @@ __device__ __forceinline__ int add_to_histogram(const float* sc, std::int64_t n,
 // than `need` equal ones come before them, ascending from out[base]; `eq_before` equal entries
 // precede the range. Thread u takes the contiguous quads [u seg, (u + 1) seg): it counts its
 // entries above and equal to the threshold, two block scans place its selections, and it writes
-// them in order (a handful of barriers, not two per blockDim entries). Every thread calls it.
+// them in order (a handful of barriers, not two per blockDim entries). Up to kKept quads a thread
+// (a segment of 8192 entries over 512 threads) are loaded once, together, and kept in registers
+// for the writing; longer ranges are read twice. Every thread calls it.
 template <bool kVec4>
 __device__ __forceinline__ void write_selected(const float* sc, std::int64_t n, std::int64_t q_lo, std::int64_t q_hi,
                                                std::uint32_t threshold, int need, int base, int eq_before, int* warp_tot,
                                                std::int32_t* out) {
+  constexpr int kKept = 4;
   const std::int64_t seg = (q_hi - q_lo + blockDim.x - 1) / blockDim.x;
   const std::int64_t my_lo = min(q_hi, q_lo + static_cast<std::int64_t>(threadIdx.x) * seg), my_hi = min(q_hi, my_lo + seg);
+  const bool kept = seg <= kKept;  // (block-uniform)
+  float v_kept[kKept][4];
+  if (kept) {
+    DSV4_UNROLL
+    for (int c = 0; c < kKept; ++c)
+      if (my_lo + c < my_hi) load_quad<kVec4>(sc, 4 * (my_lo + c), n, v_kept[c]);
+  }
+  // f(q, scores of quad q) for the thread's quads in order, kept or loaded.
+  auto for_each_quad = [&](auto&& f) {
+    if (kept) {
+      DSV4_UNROLL
+      for (int c = 0; c < kKept; ++c)
+        if (my_lo + c < my_hi) f(my_lo + c, v_kept[c]);
+    } else {
+      for (std::int64_t q = my_lo; q < my_hi; ++q) {
+        float v[4];
+        load_quad<kVec4>(sc, 4 * q, n, v);
+        f(q, v);
+      }
+    }
+  };
   int gt = 0, eq = 0;
-  DSV4_UNROLL_4
-  for (std::int64_t q = my_lo; q < my_hi; ++q) {
-    float v[4];
-    load_quad<kVec4>(sc, 4 * q, n, v);
+  for_each_quad([&](std::int64_t q, const float (&v)[4]) {
     DSV4_UNROLL
     for (int e = 0; e < 4; ++e) {
       const std::uint32_t key = score_key(v[e]);
       gt += 4 * q + e < n && key > threshold;
       eq += 4 * q + e < n && key == threshold;
     }
-  }
+  });
   int total = 0;
   int eq_rank = eq_before + block_exclusive_sum(eq, warp_tot, &total);
   const int eq_taken = max(0, min(eq, need - eq_rank));
   int pos = base + block_exclusive_sum(gt + eq_taken, warp_tot, &total);
-  for (std::int64_t q = my_lo; q < my_hi; ++q) {
-    float v[4];
-    load_quad<kVec4>(sc, 4 * q, n, v);
+  for_each_quad([&](std::int64_t q, const float (&v)[4]) {
     DSV4_UNROLL
     for (int e = 0; e < 4; ++e) {
       const std::int64_t j = 4 * q + e;
@@ -318,10 +342,10 @@ __device__ __forceinline__ void write_selected(const float* sc, std::int64_t n, 
       const bool take = j < n && (key > threshold || (key == threshold && eq_rank++ < need));
       if (take) out[pos++] = static_cast<std::int32_t>(j);
     }
-  }
+  });
 }
 
-// One CTA per token. Entries go in quads (four scores per load, two quads in flight per thread
+// One CTA per token. Entries go in quads (four scores per load, four quads in flight per thread
 // in the histogram passes) so that the passes over a long row are not bound by load latency.
 template <bool kVec4>
 __global__ void __launch_bounds__(kTopThreads) top_k_kernel(IndexerArgs a) {
@@ -350,14 +374,15 @@ __global__ void __launch_bounds__(kTopThreads) top_k_kernel(IndexerArgs a) {
     __syncthreads();
     add_to_histogram<kVec4>(sc, n, 0, quads, pass, prefix, hist);
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int above = 0, b = 255;
-      for (; b > 0; --b) {
-        if (above + hist[b] >= need) break;
-        above += hist[b];
+    if (threadIdx.x < 32) {  // the bin of the need-th largest key, and how many of it are still needed
+      int c[8], bin = 0, still = 0;
+      DSV4_UNROLL
+      for (int u = 0; u < 8; ++u) c[u] = hist[255 - 8 * static_cast<int>(threadIdx.x) - u];
+      pick_high_bin(c, need, bin, still);
+      if (threadIdx.x == 0) {
+        pick[0] = bin;
+        pick[1] = still;
       }
-      pick[0] = b;
-      pick[1] = need - above;  // entries of this bin still needed
     }
     __syncthreads();
     prefix = pass == 0 ? static_cast<std::uint32_t>(pick[0]) : (prefix << 8) | static_cast<std::uint32_t>(pick[0]);
@@ -436,7 +461,8 @@ __device__ __forceinline__ void pick_bin(const int* hist, int segments, int need
 }
 
 // hist0 (kPass 0) and hist1 (kPass 1) of segment blockIdx.x.
-// hist0_rows: rows of hist0 to sum (the segments', or 1 where the scores kernel counted them).
+// hist0_rows: rows of hist0 to sum for the pick of B1 (the segments'), or 0 where the scores
+// kernel picked it (sel holds it).
 template <bool kVec4, int kPass>
 __global__ void __launch_bounds__(kSegThreads) top_k_hist_kernel(IndexerArgs a, int hist0_rows) {
   __shared__ int hist[256];
@@ -451,8 +477,12 @@ __global__ void __launch_bounds__(kSegThreads) top_k_hist_kernel(IndexerArgs a, 
   const std::int64_t n = (static_cast<std::int64_t>(st.positions[t]) + 1) / 4;
   if (n <= a.top_k) return;
   const TopKWork w = top_k_work(a, i, segments);
+  // (Launched dependent: the scores and sel come from the kernel before.)
+  grid_dependency_wait();
   std::uint32_t b1 = 0;
-  if (kPass == 1) {
+  if (kPass == 1 && hist0_rows == 0) {
+    b1 = static_cast<std::uint32_t>(w.sel[0]);
+  } else if (kPass == 1) {
     pick_bin(w.hist0, hist0_rows, a.top_k, partial, warp_tot, pick);
     b1 = static_cast<std::uint32_t>(pick[0]);
     if (s == 0 && threadIdx.x == 0) {
@@ -467,6 +497,9 @@ __global__ void __launch_bounds__(kSegThreads) top_k_hist_kernel(IndexerArgs a, 
   std::int64_t q_lo, q_hi;
   segment_quads(n, s, segments, q_lo, q_hi);
   int my_above = add_to_histogram<kVec4>(sc, n, q_lo, q_hi, kPass, b1, hist);
+  // The next pass may start taking places now (not earlier: its CTAs would hold registers that
+  // this pass's later CTAs need).
+  grid_dependents_launch();
   if (kPass == 1) {
     my_above = __reduce_add_sync(0xffffffffu, my_above);
     if ((threadIdx.x & 31) == 0 && my_above > 0) atomicAdd(&above, my_above);
@@ -494,6 +527,7 @@ __global__ void __launch_bounds__(kSegThreads) top_k_write_kernel(IndexerArgs a)
   std::int32_t* out = a.top_idx + static_cast<std::int64_t>(i) * a.top_k;
   std::int64_t q_lo, q_hi;
   segment_quads(n, s, segments, q_lo, q_hi);
+  grid_dependency_wait();  // (launched dependent: the histograms come from the kernel before)
   if (n <= a.top_k) {
     for (std::int64_t j = 4 * q_lo + threadIdx.x; j < min(n, 4 * q_hi); j += blockDim.x) out[j] = static_cast<std::int32_t>(j);
     if (s == 0 && threadIdx.x == 0) a.top_count[i] = static_cast<std::int32_t>(n);
@@ -576,6 +610,8 @@ std::int32_t indexer_top_k_segments(std::int64_t capacity, std::int64_t max_entr
   return static_cast<std::int32_t>(std::clamp<std::int64_t>(std::min(want, (max_entries + 8191) / 8192), 1, kMaxSegments));
 }
 
+std::int64_t indexer_key_count_ints(std::int64_t tokens) { return std::max<std::int64_t>(tokens, 0) * kKeyCountInts; }
+
 std::int64_t indexer_top_k_work_ints(std::int64_t capacity, std::int32_t segments) {
   return segments <= 1 ? 0 : std::max<std::int64_t>(capacity, 0) * top_k_work_ints_per_token(segments);
 }
@@ -597,16 +633,16 @@ void indexer_top_k(const IndexerArgs& args, gpu_stream_t stream) {
   }
   if (segments > kMaxSegments) launch_error("GPU indexer top-k: {} segments a token (at most {})", {segments, kMaxSegments});
   const dim3 grid(static_cast<unsigned>(segments), static_cast<unsigned>(args.capacity));
-  // The FP8 tensor-core scores kernel counted the keys' high bytes already (hist0 row 0).
+  // The FP8 tensor-core scores kernel may have done the first pass (sel holds B1).
   const bool counted = indexer_scores_count_keys(args);
   if (vec4) {
-    if (!counted) launch(top_k_hist_kernel<true, 0>, grid, dim3(kSegThreads), 0, stream, args, segments);
-    launch(top_k_hist_kernel<true, 1>, grid, dim3(kSegThreads), 0, stream, args, counted ? 1 : segments);
-    launch(top_k_write_kernel<true>, grid, dim3(kSegThreads), 0, stream, args);
+    if (!counted) launch_dependent(top_k_hist_kernel<true, 0>, grid, dim3(kSegThreads), 0, stream, args, segments);
+    launch_dependent(top_k_hist_kernel<true, 1>, grid, dim3(kSegThreads), 0, stream, args, counted ? 0 : segments);
+    launch_dependent(top_k_write_kernel<true>, grid, dim3(kSegThreads), 0, stream, args);
   } else {
-    if (!counted) launch(top_k_hist_kernel<false, 0>, grid, dim3(kSegThreads), 0, stream, args, segments);
-    launch(top_k_hist_kernel<false, 1>, grid, dim3(kSegThreads), 0, stream, args, counted ? 1 : segments);
-    launch(top_k_write_kernel<false>, grid, dim3(kSegThreads), 0, stream, args);
+    if (!counted) launch_dependent(top_k_hist_kernel<false, 0>, grid, dim3(kSegThreads), 0, stream, args, segments);
+    launch_dependent(top_k_hist_kernel<false, 1>, grid, dim3(kSegThreads), 0, stream, args, counted ? 0 : segments);
+    launch_dependent(top_k_write_kernel<false>, grid, dim3(kSegThreads), 0, stream, args);
   }
 }
 

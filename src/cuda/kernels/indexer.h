@@ -16,8 +16,8 @@
 //                     rows and few tokens, each row split into segments (indexer_top_k_segments)
 //                     whose CTAs build the histograms and write their selections in place
 //                     (needs top_k_work: indexer_top_k_work_ints ints). Call it after
-//                     indexer_scores with the same args: the FP8 tensor-core scores kernel
-//                     counts the first histogram itself (indexer_scores_count_keys).
+//                     indexer_scores with the same args: with key_counts, the FP8 tensor-core
+//                     scores kernel does the first radix pass itself (indexer_scores_count_keys).
 #pragma once
 
 #include <cstdint>
@@ -49,10 +49,17 @@ struct IndexerArgs {
   std::int32_t* top_k_work = nullptr; // indexer_top_k_work_ints(capacity, segments) ints (null: one CTA a token)
   std::uint8_t* q_work = nullptr;     // indexer_q_work_bytes(capacity): needed for FP4 / FP8 keys
                                       // (scored on FP8 tensor cores); bf16 keys do not use it
+  std::int32_t* key_counts = nullptr; // indexer_key_count_ints(capacity) ints, zero before the first call
+                                      // (fill them once; each call leaves them zero), or null: the
+                                      // top-k then does its first radix pass itself
 };
 
 // Bytes of IndexerArgs::q_work for `tokens` tokens (the queries folded to e4m3, the weights).
 std::int64_t indexer_q_work_bytes(std::int64_t tokens);
+
+// Ints of IndexerArgs::key_counts for `tokens` tokens (a histogram of the scores' high key bytes
+// and an arrival count a token).
+std::int64_t indexer_key_count_ints(std::int64_t tokens);
 
 // Segments a row for indexer_top_k (1: one CTA a token), and the workspace they need.
 std::int32_t indexer_top_k_segments(std::int64_t capacity, std::int64_t max_entries, std::int32_t sm_count);

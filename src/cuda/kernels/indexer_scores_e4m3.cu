@@ -21,7 +21,9 @@
 // terms ReLU(...) * w leave the accumulators as bf16 pairs laid out as the A operand of a bf16
 // mma.m16n8k16 with a B of ones, which sums them over the heads in fp32. A ring of four stages
 // keeps three blocks' copies in flight; each warp resolves the pages of the CTA's next 32 blocks
-// in one batch, a lane each. (mma.sync on e4m3 is no FP8 instruction on sm_90: ptxas widens it to
+// in one batch, a lane each. The three kernels of a call (the fold, the scores, then the top-k's)
+// are launched dependent (dependent_launch.cuh): a scores CTA resolves its pages and starts its
+// first copies while the fold still runs. (mma.sync on e4m3 is no FP8 instruction on sm_90: ptxas widens it to
 // f16 in software, which cost 890 instructions a 16 entries in a first version of this kernel.)
 #include "cuda/kernels/indexer_scores_e4m3.h"
 
@@ -29,6 +31,7 @@
 #include <cstring>
 
 #include "cuda/device.h"
+#include "cuda/kernels/dependent_launch.cuh"
 #include "cuda/kernels/launch_check.h"
 #include "cuda/kernels/numerics.cuh"
 #include "cuda/kernels/top_k_key.cuh"
@@ -66,15 +69,15 @@ __device__ __forceinline__ std::uint8_t* q_work_of(const IndexerArgs& a, int i) 
 }
 
 // ---- queries folded to e4m3 (grid: tokens x 8, a warp a head, a lane 4 dims) --------------------
-// count_segments > 0: also zero the token's hist0 row 0 in the top-k workspace, which the scores
-// kernel then counts into (indexer_scores_count_keys).
-__global__ void __launch_bounds__(256) fold_queries_kernel(IndexerArgs a, float weight_scale, int count_segments) {
+__global__ void __launch_bounds__(256) fold_queries_kernel(IndexerArgs a, float weight_scale) {
+  // (Launched dependent: the queries and weights may come from the kernels just before; the scores
+  // kernel may start as soon as every CTA is past this point.)
+  grid_dependency_wait();
+  grid_dependents_launch();
   const DeviceStep& st = *a.step;
   const int i = blockIdx.x;
   const int t = a.token0 + i;
   if (t >= st.n_tokens) return;
-  if (count_segments > 0 && blockIdx.y == 0 && threadIdx.x < 256)
-    a.top_k_work[static_cast<std::int64_t>(i) * top_k_work_ints_per_token(count_segments) + kTopKHist0 + threadIdx.x] = 0;
   std::uint8_t* work = q_work_of(a, i);
   float* w_fold = reinterpret_cast<float*>(work + kQBytes);
   float* w_plain = w_fold + kHeads;
@@ -149,19 +152,6 @@ __device__ __forceinline__ std::uint32_t relu_times_bf16x2(std::uint32_t x, std:
 #endif
 }
 
-// The largest (kMax) or smallest of a word's four bytes.
-template <bool kMax>
-__device__ __forceinline__ unsigned extreme_byte4(unsigned x) {
-#if defined(__CUDA_ARCH__)
-  const unsigned m = kMax ? __vmaxu4(x, x >> 16) : __vminu4(x, x >> 16);
-  return (kMax ? __vmaxu4(m, m >> 8) : __vminu4(m, m >> 8)) & 0xffu;
-#else
-  unsigned r = x & 0xffu;
-  for (int i = 1; i < 4; ++i) r = kMax ? max(r, (x >> (8 * i)) & 0xffu) : min(r, (x >> (8 * i)) & 0xffu);
-  return r;
-#endif
-}
-
 // Eight e2m1 codes (a word, lowest dim in the lowest nibble) as eight e4m3 bytes in two words,
 // through the byte table of e2m1 magnitudes times 2^d (`tab`); signs from a second permute.
 __device__ __forceinline__ void e2m1x8_to_e4m3(std::uint32_t w, uint2 tab, std::uint32_t& lo, std::uint32_t& hi) {
@@ -201,8 +191,9 @@ __device__ __noinline__ void exact_dots(float* dots, const std::uint16_t* q_toke
   }
 }
 
-// count_segments > 0: the written scores' high key bytes are counted into the token's hist0 row 0
-// of the top-k workspace (a shared histogram a CTA, added with atomics at its end).
+// count_segments > 0: the written scores' high key bytes are counted into the token's row of
+// a.key_counts (a shared histogram a CTA, added with atomics at its end); the token's last CTA to
+// add its counts picks B1 into the top-k workspace's sel and zeroes the row.
 template <IndexerFormat kFormat>
 __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a, int count_segments) {
   using L = Layout<kFormat>;
@@ -212,6 +203,7 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
   std::uint8_t* ring = smem + L::kRing;       // [kStages] raw blocks (FP8: data in operand layout)
   __shared__ uint2 fold_tab[kFoldTables];
   __shared__ int key_count[256];
+  __shared__ int last_arrival;
   const DeviceStep& st = *a.step;
   const int i = blockIdx.y;
   const int t = a.token0 + i;
@@ -287,8 +279,11 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
     if constexpr (kFormat == IndexerFormat::kFp8) cp_async_commit();
   };
   if (kFormat == IndexerFormat::kFp4) __syncthreads();  // the mbarriers and the tables, before anyone uses them
+  // (Launched dependent on the fold: until the wait, only the step's tables and the cache, whose
+  // writers ran before the fold, are read.)
   DSV4_UNROLL
   for (int k = 0; k < kStages - 1; ++k) issue(k);
+  grid_dependency_wait();
 
   for (int b = tid; b < 256; b += kThreads) key_count[b] = 0;  // (ordered by the loop's barriers)
   // The token's folded queries into the B tile; the weights of this thread's heads as pairs.
@@ -315,23 +310,23 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
     float* factor = reinterpret_cast<float*>(ops + 2 * kOpBytes) + (k % 2) * kTile;  // FP4: 2^Rk an entry
     bool ok = q_fast;
     if constexpr (kFormat == IndexerFormat::kFp4) {
-      // Units (entry u / 4, scale block u % 4), u = tid and tid + 128: the quad of an entry
-      // finds its largest and smallest block scales and folds the blocks to one power of two.
+      // Units (entry u / 4, scale block u % 4), u = tid and tid + 128: the quad of lanes of an
+      // entry finds the largest scale of its nonzero blocks and folds the blocks to one power of two.
       std::uint8_t* tile = ops + (k % 2) * kOpBytes;
       DSV4_UNROLL
       for (int h = 0; h < 2; ++h) {
         const int u = tid + h * kThreads, e = u / 4, b = u % 4;
         const uint4 raw = *reinterpret_cast<const uint4*>(stage + e * 64 + 16 * b);
-        const std::uint32_t scales = *reinterpret_cast<const std::uint32_t*>(stage + kTile * 64 + e * 4);
-        const unsigned s = (scales >> (8 * b)) & 0xffu;
-        // The entry's blocks of zeros (their scales do not count): the quad's bits of a ballot,
-        // spread to a byte mask; the range of the other blocks' scales (255 / 0: none).
-        const unsigned zeros = (__ballot_sync(0xffffffffu, ((raw.x | raw.y | raw.z | raw.w) & 0x77777777u) == 0u) >> (lane & ~3)) & 0xfu;
-        const unsigned zero_bytes = ((zeros * 0x00204081u) & 0x01010101u) * 0xffu;
-        const unsigned smax = extreme_byte4<true>(scales & ~zero_bytes), smin = extreme_byte4<false>(scales | zero_bytes);
-        // Block scales within 13 binades of the largest: e2m1 x 2^(s - smax + 6) is an e4m3 value
-        // (a NaN scale byte makes even zeros NaN: the exact path).
-        ok = ok && s != 255u && (smin == 255u || smax - smin <= 13u);
+        const unsigned s = stage[kTile * 64 + e * 4 + b];
+        // A block of zeros does not count towards the largest scale (0: no nonzero block).
+        const bool zero = ((raw.x | raw.y | raw.z | raw.w) & 0x77777777u) == 0u;
+        unsigned smax = zero ? 0u : s;
+        smax = max(smax, __shfl_xor_sync(0xffffffffu, smax, 1));
+        smax = max(smax, __shfl_xor_sync(0xffffffffu, smax, 2));
+        // Nonzero blocks' scales within 13 binades of the largest: e2m1 x 2^(s - smax + 6) is an
+        // e4m3 value (each unit checks its own; the barrier below ANDs them). A NaN scale byte
+        // makes even zeros NaN: the exact path.
+        ok = ok && s != 255u && (zero || s + 13u >= smax);
         if (b == 0) factor[e] = mul_rn(ue8m0_value(static_cast<std::uint8_t>(smax)), 0x1p-6f);  // 2^(smax - 133)
         const int d = static_cast<int>(s) - static_cast<int>(smax) + 6;
         const uint2 tab = fold_tab[min(max(d, -7), 6) + 7];
@@ -407,11 +402,38 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
       }
     }
   }
+  grid_dependents_launch();  // the top-k's CTAs may start taking their places
   if (count_segments > 0) {
     __syncthreads();  // every block's counts in
-    int* hist0 = a.top_k_work + static_cast<std::int64_t>(i) * top_k_work_ints_per_token(count_segments) + kTopKHist0;
+    int* counts = a.key_counts + static_cast<std::int64_t>(i) * kKeyCountInts;
     for (int b = tid; b < 256; b += kThreads)
-      if (key_count[b] != 0) atomicAdd(&hist0[b], key_count[b]);
+      if (key_count[b] != 0) atomicAdd(&counts[b], key_count[b]);
+    // The last of the token's CTAs (those with blocks to score) to add its counts picks B1 for the
+    // top-k and leaves the row zero for the next call. (Thread 0's fence after the barrier is
+    // cumulative: it orders the block's count atomics before the arrival.)
+    __syncthreads();
+    const int ctas = static_cast<int>(tiles < stride ? tiles : stride);
+    if (tid == 0) {
+      __threadfence();
+      last_arrival = atomicAdd(&counts[256], 1) == ctas - 1;
+    }
+    __syncthreads();
+    if (last_arrival) {
+      __threadfence();
+      if (warp == 0) {
+        int c[8], bin = 0, still = 0;
+        DSV4_UNROLL
+        for (int u = 0; u < 8; ++u) c[u] = __ldcg(counts + 255 - 8 * lane - u);  // (other CTAs' atomics: at L2)
+        pick_high_bin(c, a.top_k, bin, still);
+        if (lane == 0) {
+          int* sel = a.top_k_work + static_cast<std::int64_t>(i) * top_k_work_ints_per_token(count_segments);
+          sel[0] = bin;
+          sel[1] = still;
+        }
+      }
+      __syncthreads();  // (warp 0 has read the counts)
+      for (int b = tid; b < kKeyCountInts; b += kThreads) counts[b] = 0;
+    }
   }
   if constexpr (kFormat == IndexerFormat::kFp8) cp_async_wait_all();  // no copy outlives the CTA
 }
@@ -424,8 +446,8 @@ std::int64_t indexer_q_work_bytes(std::int64_t tokens) {
 
 void indexer_scores_e4m3(const IndexerArgs& args, float weight_scale, gpu_stream_t stream) {
   const int count_segments = indexer_scores_count_keys(args) ? indexer_top_k_segments(args) : 0;
-  launch(fold_queries_kernel, dim3(static_cast<unsigned>(args.capacity), kHeads / 8), dim3(256), 0, stream, args, weight_scale,
-         count_segments);
+  launch_dependent(fold_queries_kernel, dim3(static_cast<unsigned>(args.capacity), kHeads / 8), dim3(256), 0, stream, args,
+                   weight_scale);
   // About 5 CTAs a SM (as many as fit) over the call's tokens, at most one a cache block.
   const std::int64_t max_tiles = (args.max_entries + kTile - 1) / kTile;
   const std::int64_t per_token = args.ctas_per_token > 0 ? args.ctas_per_token
@@ -436,12 +458,12 @@ void indexer_scores_e4m3(const IndexerArgs& args, float weight_scale, gpu_stream
     constexpr int kSmem = Layout<IndexerFormat::kFp4>::kSmem;
     static const bool set = (set_max_dynamic_smem(scores_e4m3_kernel<IndexerFormat::kFp4>, kSmem), true);
     (void)set;
-    launch(scores_e4m3_kernel<IndexerFormat::kFp4>, grid, dim3(kThreads), kSmem, stream, args, count_segments);
+    launch_dependent(scores_e4m3_kernel<IndexerFormat::kFp4>, grid, dim3(kThreads), kSmem, stream, args, count_segments);
   } else {
     constexpr int kSmem = Layout<IndexerFormat::kFp8>::kSmem;
     static const bool set = (set_max_dynamic_smem(scores_e4m3_kernel<IndexerFormat::kFp8>, kSmem), true);
     (void)set;
-    launch(scores_e4m3_kernel<IndexerFormat::kFp8>, grid, dim3(kThreads), kSmem, stream, args, count_segments);
+    launch_dependent(scores_e4m3_kernel<IndexerFormat::kFp8>, grid, dim3(kThreads), kSmem, stream, args, count_segments);
   }
 }
 
