@@ -213,7 +213,8 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
   const std::int64_t first = blockIdx.x, stride = gridDim.x;
   if (first >= tiles) return;  // (CTA-uniform)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tig = lane & 3;
-  const std::int64_t mine = (tiles - first + stride - 1) / stride;  // blocks of this CTA
+  // Blocks of this CTA (at most 2^31: 32-bit counters, whose / and % by powers of two are shifts).
+  const int mine = static_cast<int>((tiles - first + stride - 1) / stride);
 
   // Pages: lane l of every warp holds the page of the CTA's block (batch * 32 + l).
   const int row = st.token_row[t];
@@ -223,8 +224,8 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
   if (kg.entries_per_block != kTile) __trap();
   const std::int64_t table_base = kg.table_base[row];
   const std::int32_t table_begin = kg.table_start[row], table_end = kg.table_start[row + 1];
-  auto resolve = [&](std::int64_t batch) -> std::int64_t {  // this lane's page in `batch` (-1: none)
-    const std::int64_t k = batch * 32 + lane;
+  auto resolve = [&](int batch) -> std::int64_t {  // this lane's page in `batch` (-1: none)
+    const int k = batch * 32 + lane;
     if (k >= mine) return -1;
     const std::int64_t tile = first + k * stride - table_base;
     const bool in = tile >= 0 && table_begin + tile < table_end;
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
     for (int b = 0; b < kStages; ++b) mbarrier_init(&landed[b], 1);
   // Copy the CTA's k-th block into stage k % kStages (FP8: one cp.async commit group a call,
   // empty past the end; a block without a page reads as zeros).
-  auto issue = [&](std::int64_t k) {
+  auto issue = [&](int k) {
     if (k < mine) {
       if (k % 32 == 0 && k > 0) {
         pages_cur = pages_next;
@@ -302,7 +303,7 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
   auto advanced = [](std::uint64_t desc, int bytes) { return desc + static_cast<std::uint64_t>(bytes >> 4); };
   constexpr std::uint32_t kOnes = 0x3f803f80u;  // bf16 1.0, 1.0
   float* out = a.scores + static_cast<std::int64_t>(i) * a.max_entries;
-  for (std::int64_t k = 0; k < mine; ++k) {
+  for (int k = 0; k < mine; ++k) {
     if constexpr (kFormat == IndexerFormat::kFp4) mbarrier_wait(&landed[k % kStages], static_cast<unsigned>((k / kStages) & 1));
     else cp_async_wait<kStages - 2>();  // block k's copies (this thread's) landed
     const std::uint8_t* stage = ring + (k % kStages) * L::kStage;
