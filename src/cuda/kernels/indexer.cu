@@ -437,25 +437,24 @@ __device__ __forceinline__ void segment_quads(std::int64_t n, int s, int segment
 
 // The bin of the `need`-th largest key of the summed segment histograms hist[S][256] and how
 // many of that bin are still needed, in pick[0..1]. Every thread of the block (kSegThreads)
-// calls it; thread b < 256 holds bin 255 - b, so the exclusive prefix is the count above.
-__device__ __forceinline__ void pick_bin(const int* hist, int segments, int need, int (*partial)[256], int* warp_tot,
-                                         int* pick) {
-  const int tid = static_cast<int>(threadIdx.x), part = tid / 256, bin = 255 - tid % 256;
+// calls it: the two halves of the block sum the segments' counts of bin tid % 256, one warp picks
+// (pick_high_bin).
+__device__ __forceinline__ void pick_bin(const int* hist, int segments, int need, int (*partial)[256], int* pick) {
+  const int tid = static_cast<int>(threadIdx.x), part = tid / 256, bin = tid % 256;
   int part_sum = 0;
   DSV4_UNROLL_8
   for (int s = part; s < segments; s += 2) part_sum += hist[s * 256 + bin];
-  partial[part][tid % 256] = part_sum;
-  if (tid == 0) {  // (the barriers of block_exclusive_sum order this before the pick)
-    pick[0] = 0;
-    pick[1] = need;
-  }
+  partial[part][bin] = part_sum;
   __syncthreads();
-  const int count = tid < 256 ? partial[0][tid] + partial[1][tid] : 0;
-  int total = 0;
-  const int above = block_exclusive_sum(count, warp_tot, &total);
-  if (tid < 256 && above < need && above + count >= need) {
-    pick[0] = bin;
-    pick[1] = need - above;
+  if (tid < 32) {
+    int c[8], b = 0, still = 0;
+    DSV4_UNROLL
+    for (int u = 0; u < 8; ++u) c[u] = partial[0][255 - 8 * tid - u] + partial[1][255 - 8 * tid - u];
+    pick_high_bin(c, need, b, still);
+    if (tid == 0) {
+      pick[0] = b;
+      pick[1] = still;
+    }
   }
   __syncthreads();
 }
@@ -467,7 +466,6 @@ template <bool kVec4, int kPass>
 __global__ void __launch_bounds__(kSegThreads) top_k_hist_kernel(IndexerArgs a, int hist0_rows) {
   __shared__ int hist[256];
   __shared__ int above;
-  __shared__ int warp_tot[32];
   __shared__ int pick[2];
   __shared__ int partial[2][256];
   const DeviceStep& st = *a.step;
@@ -483,7 +481,7 @@ __global__ void __launch_bounds__(kSegThreads) top_k_hist_kernel(IndexerArgs a, 
   if (kPass == 1 && hist0_rows == 0) {
     b1 = static_cast<std::uint32_t>(w.sel[0]);
   } else if (kPass == 1) {
-    pick_bin(w.hist0, hist0_rows, a.top_k, partial, warp_tot, pick);
+    pick_bin(w.hist0, hist0_rows, a.top_k, partial, pick);
     b1 = static_cast<std::uint32_t>(pick[0]);
     if (s == 0 && threadIdx.x == 0) {
       w.sel[0] = pick[0];
@@ -534,7 +532,7 @@ __global__ void __launch_bounds__(kSegThreads) top_k_write_kernel(IndexerArgs a)
     return;
   }
   const TopKWork w = top_k_work(a, i, segments);
-  pick_bin(w.hist1, segments, w.sel[1], partial, warp_tot, pick);
+  pick_bin(w.hist1, segments, w.sel[1], partial, pick);
   const int b2 = pick[0], need = pick[1];
   const std::uint32_t threshold = (static_cast<std::uint32_t>(w.sel[0]) << 8) | static_cast<std::uint32_t>(b2);
   // The segments before this one (a warp each): entries above T (above B1, or in B1 above B2)

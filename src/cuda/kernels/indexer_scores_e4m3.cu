@@ -23,8 +23,9 @@
 // keeps three blocks' copies in flight; each warp resolves the pages of the CTA's next 32 blocks
 // in one batch, a lane each. The three kernels of a call (the fold, the scores, then the top-k's)
 // are launched dependent (dependent_launch.cuh): a scores CTA resolves its pages and starts its
-// first copies while the fold still runs. (mma.sync on e4m3 is no FP8 instruction on sm_90: ptxas widens it to
-// f16 in software, which cost 890 instructions a 16 entries in a first version of this kernel.)
+// first copies while the fold still runs. (mma.sync on e4m3 is no FP8 instruction on sm_90:
+// ptxas widens it to f16 in software, which cost 890 instructions a 16 entries in a first version
+// of this kernel.)
 #include "cuda/kernels/indexer_scores_e4m3.h"
 
 #include <algorithm>
