@@ -4,6 +4,7 @@
 // listed in the "FlashMLA" column; the numbers our kernels are meant to beat).
 //
 //   bench_gpu_attention [--cases decode,prefill,indexer] [--batches 1,64,128] [--reps N]
+//                       [--top-k-segments S] [--ctas-per-token C]   (indexer launch overrides; 0: auto)
 //
 // decode   s_q = 2 query tokens per sequence (a token and its MTP draft) at the end of a 16K
 //          context, FP8 main-KV cache (584-byte entries) read through block tables:
@@ -364,7 +365,12 @@ void bench_prefill(int reps, const Ceilings& c) {
 // Indexer scores (+ top-512) of `seqs` sequences of one query each at position ctx - 1 against
 // the FP4 (68 B) or FP8 (132 B) indexer cache. The queries are FP4-simulated, as indexer_query
 // leaves them (random e2m1 codes under block scales 2^-3..2^0).
-void bench_indexer_case(const char* label, gpu::IndexerFormat format, std::int64_t seqs, std::int64_t ctx, int reps,
+// Overrides of the indexer's launch choices (0: the library's own): --top-k-segments, --ctas-per-token.
+struct IndexerKnobs {
+  std::int32_t top_k_segments = 0, ctas_per_token = 0;
+};
+
+void bench_indexer_case(const char* label, gpu::IndexerFormat format, std::int64_t seqs, std::int64_t ctx, int reps, const IndexerKnobs& knobs,
                         const Ceilings& c) {
   gpu::Stream stream;
   const gpu_stream_t st = stream.handle();
@@ -386,7 +392,8 @@ void bench_indexer_case(const char* label, gpu::IndexerFormat format, std::int64
       q_work(static_cast<std::size_t>(gpu::indexer_q_work_bytes(seqs))),
       key_counts(static_cast<std::size_t>(4 * gpu::indexer_key_count_ints(seqs))),
       top_work(static_cast<std::size_t>(std::max<std::int64_t>(
-          1, 4 * gpu::indexer_top_k_work_ints(seqs, gpu::indexer_top_k_segments(seqs, entries, gpu::device_info().sm_count)))));
+          1, 4 * gpu::indexer_top_k_work_ints(seqs, knobs.top_k_segments > 0 ? knobs.top_k_segments
+                                                                             : gpu::indexer_top_k_segments(seqs, entries, gpu::device_info().sm_count)))));
   {
     std::mt19937_64 rng(0x5eed0e02);
     std::uniform_int_distribution<int> nib(0, 15), block_exp(-3, 0);
@@ -423,6 +430,8 @@ void bench_indexer_case(const char* label, gpu::IndexerFormat format, std::int64
   a.top_idx = top.as<std::int32_t>();
   a.top_count = count.as<std::int32_t>();
   a.sm_count = info.sm_count;
+  a.top_k_segments = knobs.top_k_segments;
+  a.ctas_per_token = knobs.ctas_per_token;
   stream.synchronize();
   auto with_step = [&](int r) {
     gpu::IndexerArgs ar = a;
@@ -441,14 +450,14 @@ void bench_indexer_case(const char* label, gpu::IndexerFormat format, std::int64
   std::fflush(stdout);
 }
 
-void bench_indexer(int reps, const Ceilings& c) {
+void bench_indexer(int reps, const Ceilings& c, const IndexerKnobs& knobs) {
   fmt::print("Indexer: 64 heads x 128, FP4 (68 B) and FP8 (132 B) keys, top-512; scores alone, top-k alone, both (median of {} runs)\n\n", reps);
   fmt::print("| case | queries | copies | scores (us) | scores GB/s | of HBM | TFLOP/s | top-512 (us) | scores + top-512 (us) |\n");
   fmt::print("|---|---|---|---|---|---|---|---|---|\n");
-  bench_indexer_case("FP4, 1M tokens (262,144 entries)", gpu::IndexerFormat::kFp4, 1, 1 << 20, reps, c);
-  bench_indexer_case("FP4, 128K context, batch 64", gpu::IndexerFormat::kFp4, 64, 1 << 17, reps, c);
-  bench_indexer_case("FP8, 1M tokens (262,144 entries)", gpu::IndexerFormat::kFp8, 1, 1 << 20, reps, c);
-  bench_indexer_case("FP8, 128K context, batch 64", gpu::IndexerFormat::kFp8, 64, 1 << 17, reps, c);
+  bench_indexer_case("FP4, 1M tokens (262,144 entries)", gpu::IndexerFormat::kFp4, 1, 1 << 20, reps, knobs, c);
+  bench_indexer_case("FP4, 128K context, batch 64", gpu::IndexerFormat::kFp4, 64, 1 << 17, reps, knobs, c);
+  bench_indexer_case("FP8, 1M tokens (262,144 entries)", gpu::IndexerFormat::kFp8, 1, 1 << 20, reps, knobs, c);
+  bench_indexer_case("FP8, 128K context, batch 64", gpu::IndexerFormat::kFp8, 64, 1 << 17, reps, knobs, c);
   fmt::print("\n");
 }
 
@@ -456,6 +465,7 @@ int run(int argc, char** argv) {
   std::vector<std::int64_t> batches = {1, 64, 128};
   std::string cases = "decode,prefill,indexer";
   int reps = 50;
+  IndexerKnobs knobs;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i], value = argv[i + 1];
     if (key == "--batches")
@@ -464,6 +474,10 @@ int run(int argc, char** argv) {
       reps = std::max(3, std::atoi(value.c_str()));
     else if (key == "--cases")
       cases = value;
+    else if (key == "--top-k-segments")
+      knobs.top_k_segments = std::max(0, std::atoi(value.c_str()));
+    else if (key == "--ctas-per-token")
+      knobs.ctas_per_token = std::max(0, std::atoi(value.c_str()));
     else
       throw Error(fmt::format("unknown option {}", key));
   }
@@ -484,7 +498,7 @@ int run(int argc, char** argv) {
   fmt::print("mma.sync peak: bf16 {:.0f} TFLOP/s\n\n", c.bf16);
   if (wanted("decode")) bench_decode(batches, reps, c);
   if (wanted("prefill")) bench_prefill(std::min(reps, 20), c);
-  if (wanted("indexer")) bench_indexer(reps, c);
+  if (wanted("indexer")) bench_indexer(reps, c, knobs);
   return 0;
 }
 

@@ -402,6 +402,7 @@ TEST(GpuOpsCache, IndexerTopKTies) {
     DevArray<float> ds(scores);
     DevArray<std::int32_t> idx(static_cast<std::size_t>(T * k)), count(static_cast<std::size_t>(T));
     DevArray<std::int32_t> work(static_cast<std::size_t>(std::max<std::int64_t>(1, gpu::indexer_top_k_work_ints(T, segments))));
+    DevArray<std::int32_t> key_counts(std::vector<std::int32_t>(static_cast<std::size_t>(gpu::indexer_key_count_ints(T)), 0));
     gpu::IndexerArgs a;
     a.step = step->get();
     a.capacity = static_cast<std::int32_t>(T);
@@ -412,7 +413,13 @@ TEST(GpuOpsCache, IndexerTopKTies) {
     a.top_count = count.get();
     a.top_k_segments = segments;
     a.top_k_work = work.get();
-    gpu::indexer_top_k(a, st());
+    a.key_counts = key_counts.get();  // (the segmented passes count into them)
+    // Twice: the second call finds the key counts as the first left them.
+    for (int call = 0; call < 2; ++call) gpu::indexer_top_k(a, st());
+    {
+      const auto kc = key_counts.download();
+      EXPECT_EQ(std::count(kc.begin(), kc.end(), 0), static_cast<std::ptrdiff_t>(kc.size())) << "key counts left nonzero";
+    }
     const auto gi = idx.download();
     const auto gc = count.download();
     std::int64_t bad_sets = 0, bad_counts = 0, unsorted = 0;

@@ -397,35 +397,31 @@ __global__ void __launch_bounds__(kTopThreads) top_k_kernel(IndexerArgs a) {
 
 // ---- top-k over several CTAs a token: long rows, few tokens --------------------------------------
 // The same radix select as top_k_kernel, its passes spread over S segments of the row (segment s:
-// quads [s seg, (s + 1) seg), seg = ceil(quads / S)), three kernels of S CTAs a token:
-//   hist0   each segment's histogram of the keys' high bytes
-//   hist1   every CTA sums the segments' hist0 and picks the bin B1 holding the k-th largest key
-//           (and how many of it are still needed); each segment's histogram of the low bytes of
-//           its keys in B1, and its count of keys above B1
-//   write   every CTA sums the segments' hist1 and picks the threshold T (and how many entries
-//           equal to T to take); from the earlier segments' counts above and equal to T, where
-//           its selections start in the list; its selections, ascending, at that place
-// (Each CTA repeats the one-CTA pick: S x 256 counts read from L2, instead of a launch.)
-// The workspace of a token (ints): sel[4] (B1, still needed after pass 0), hist0[S][256],
-// hist1[S][256], above[S] (keys above B1).
+// quads [s seg, (s + 1) seg), seg = ceil(quads / S)), kernels of S CTAs a token:
+//   hist0   (only where the scores kernel did not count the high bytes itself) each segment adds
+//           its keys' high-byte counts to the token's first key-count row; the last CTA to add
+//           picks B1, the high byte of the k-th largest key, and how many keys of B1 are still
+//           needed (sel[0..1])
+//   hist1   each segment counts the low bytes of its keys in B1 (kept as suffix sums, ge) and its
+//           keys above B1, and adds the counts to the second key-count row; the last CTA to add
+//           picks B2, so the threshold T = B1 B2 and how many keys equal to T to take (sel[2..3]),
+//           and from every segment's counts above and equal to T where each segment's selections
+//           start in the list (base) and how many equal keys come before it (eq_before)
+//   write   each segment's selections, ascending, at its place
+// The last CTAs do the picks once, so no pass repeats them and no kernel clears a row
+// (top_k_key.cuh: workspace and rows).
 constexpr int kSegThreads = 512;
-constexpr int kMaxSegments = 256;
+constexpr int kMaxSegments = 256;                 // (at most kSegThreads: a thread a segment in hist1's last CTA)
+constexpr std::int64_t kMinSegmentEntries = 2048;  // a quad a thread
 
 struct TopKWork {
   int* sel;
-  int* hist0;  // [S][256]
-  int* hist1;  // [S][256]
-  int* above;  // [S]
+  int* seg;  // [S][kTopKSegmentInts]
 };
 
 __device__ __forceinline__ TopKWork top_k_work(const IndexerArgs& a, int i, int segments) {
   int* w = a.top_k_work + static_cast<std::int64_t>(i) * top_k_work_ints_per_token(segments);
-  TopKWork r;
-  r.sel = w;
-  r.hist0 = w + kTopKHist0;
-  r.hist1 = r.hist0 + segments * 256;
-  r.above = r.hist1 + segments * 256;
-  return r;
+  return TopKWork{w, w + kTopKSel};
 }
 
 // The quads [lo, hi) of segment s of a row of n entries.
@@ -435,77 +431,111 @@ __device__ __forceinline__ void segment_quads(std::int64_t n, int s, int segment
   hi = min(quads, lo + seg);
 }
 
-// The bin of the `need`-th largest key of the summed segment histograms hist[S][256] and how
-// many of that bin are still needed, in pick[0..1]. Every thread of the block (kSegThreads)
-// calls it: the two halves of the block sum the segments' counts of bin tid % 256, one warp picks
-// (pick_high_bin).
-__device__ __forceinline__ void pick_bin(const int* hist, int segments, int need, int (*partial)[256], int* pick) {
-  const int tid = static_cast<int>(threadIdx.x), part = tid / 256, bin = tid % 256;
-  int part_sum = 0;
-  DSV4_UNROLL_8
-  for (int s = part; s < segments; s += 2) part_sum += hist[s * 256 + bin];
-  partial[part][bin] = part_sum;
-  __syncthreads();
-  if (tid < 32) {
-    int c[8], b = 0, still = 0;
-    DSV4_UNROLL
-    for (int u = 0; u < 8; ++u) c[u] = partial[0][255 - 8 * tid - u] + partial[1][255 - 8 * tid - u];
-    pick_high_bin(c, need, b, still);
-    if (tid == 0) {
-      pick[0] = b;
-      pick[1] = still;
-    }
-  }
-  __syncthreads();
+// The complete entries of call token i's row, or -1 past the step's tokens.
+__device__ __forceinline__ std::int64_t complete_entries(const IndexerArgs& a, int i) {
+  const DeviceStep& st = *a.step;
+  const int t = a.token0 + i;
+  return t < st.n_tokens ? (static_cast<std::int64_t>(st.positions[t]) + 1) / 4 : -1;
 }
 
-// hist0 (kPass 0) and hist1 (kPass 1) of segment blockIdx.x.
-// hist0_rows: rows of hist0 to sum for the pick of B1 (the segments'), or 0 where the scores
-// kernel picked it (sel holds it).
-template <bool kVec4, int kPass>
-__global__ void __launch_bounds__(kSegThreads) top_k_hist_kernel(IndexerArgs a, int hist0_rows) {
+// hist0 of segment blockIdx.x; the last CTA of a token picks B1.
+template <bool kVec4>
+__global__ void __launch_bounds__(kSegThreads) top_k_hist0_kernel(IndexerArgs a) {
   __shared__ int hist[256];
-  __shared__ int above;
-  __shared__ int pick[2];
-  __shared__ int partial[2][256];
-  const DeviceStep& st = *a.step;
+  __shared__ int last;
   const int i = blockIdx.y, s = blockIdx.x, segments = gridDim.x;
-  const int t = a.token0 + i;
-  if (t >= st.n_tokens) return;
-  const std::int64_t n = (static_cast<std::int64_t>(st.positions[t]) + 1) / 4;
-  if (n <= a.top_k) return;
-  const TopKWork w = top_k_work(a, i, segments);
-  // (Launched dependent: the scores and sel come from the kernel before.)
-  grid_dependency_wait();
-  std::uint32_t b1 = 0;
-  if (kPass == 1 && hist0_rows == 0) {
-    b1 = static_cast<std::uint32_t>(w.sel[0]);
-  } else if (kPass == 1) {
-    pick_bin(w.hist0, hist0_rows, a.top_k, partial, pick);
-    b1 = static_cast<std::uint32_t>(pick[0]);
-    if (s == 0 && threadIdx.x == 0) {
-      w.sel[0] = pick[0];
-      w.sel[1] = pick[1];
-    }
-  }
-  const float* sc = a.scores + static_cast<std::int64_t>(i) * a.max_entries;
+  const std::int64_t n = complete_entries(a, i);
+  if (n <= a.top_k) return;  // (no token, or every entry goes: the write pass)
+  grid_dependency_wait();  // (launched dependent: the scores come from the kernel before)
   for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
-  if (threadIdx.x == 0) above = 0;
   __syncthreads();
   std::int64_t q_lo, q_hi;
   segment_quads(n, s, segments, q_lo, q_hi);
-  int my_above = add_to_histogram<kVec4>(sc, n, q_lo, q_hi, kPass, b1, hist);
-  // The next pass may start taking places now (not earlier: its CTAs would hold registers that
+  add_to_histogram<kVec4>(a.scores + static_cast<std::int64_t>(i) * a.max_entries, n, q_lo, q_hi, 0, 0, hist);
+  grid_dependents_launch();
+  int* row = a.key_counts + static_cast<std::int64_t>(i) * kKeyCountInts;
+  if (!add_counts_and_arrive(hist, row, segments, &last)) return;
+  if (threadIdx.x < 32) {
+    int bin = 0, still = 0;
+    pick_high_bin_of_row(row, a.top_k, bin, still);
+    if (threadIdx.x == 0) {
+      int* sel = top_k_work(a, i, segments).sel;
+      sel[0] = bin;
+      sel[1] = still;
+    }
+  }
+  __syncthreads();  // (warp 0 has read the row)
+  clear_key_count_row(row);
+}
+
+// hist1 of segment blockIdx.x; the last CTA of a token picks T and places the segments.
+template <bool kVec4>
+__global__ void __launch_bounds__(kSegThreads) top_k_hist1_kernel(IndexerArgs a) {
+  __shared__ int hist[256];
+  __shared__ int warp_tot[32];
+  __shared__ int above, last;
+  __shared__ int pick[2];
+  const int i = blockIdx.y, s = blockIdx.x, segments = gridDim.x;
+  const std::int64_t n = complete_entries(a, i);
+  if (n <= a.top_k) return;  // (no token, or every entry goes: the write pass)
+  const TopKWork w = top_k_work(a, i, segments);
+  grid_dependency_wait();  // (launched dependent: the scores and sel come from the kernels before)
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5;
+  const std::uint32_t b1 = static_cast<std::uint32_t>(w.sel[0]);
+  for (int b = tid; b < 256; b += blockDim.x) hist[b] = 0;
+  if (tid == 0) above = 0;
+  __syncthreads();
+  std::int64_t q_lo, q_hi;
+  segment_quads(n, s, segments, q_lo, q_hi);
+  int my_above = add_to_histogram<kVec4>(a.scores + static_cast<std::int64_t>(i) * a.max_entries, n, q_lo, q_hi, 1, b1, hist);
+  // The write pass may start taking places now (not earlier: its CTAs would hold registers that
   // this pass's later CTAs need).
   grid_dependents_launch();
-  if (kPass == 1) {
-    my_above = __reduce_add_sync(0xffffffffu, my_above);
-    if ((threadIdx.x & 31) == 0 && my_above > 0) atomicAdd(&above, my_above);
+  my_above = __reduce_add_sync(0xffffffffu, my_above);
+  if ((tid & 31) == 0 && my_above > 0) atomicAdd(&above, my_above);
+  __syncthreads();
+  // The segment's suffix sums: thread u < 256 takes bin 255 - u, so its exclusive prefix is the
+  // count of the bins above.
+  int total = 0;
+  const int v = tid < 256 ? hist[255 - tid] : 0;
+  const int ex = block_exclusive_sum(v, warp_tot, &total);
+  int* ge = w.seg + static_cast<std::int64_t>(s) * kTopKSegmentInts;
+  if (tid < 256) ge[255 - tid] = ex + v;
+  if (tid == 0) {
+    ge[256] = 0;
+    ge[kTopKAbove] = above;
+  }
+  int* row = a.key_counts + static_cast<std::int64_t>(i) * kKeyCountInts + kKeyCountRow;
+  if (!add_counts_and_arrive(hist, row, segments, &last)) return;
+
+  // The last CTA: T, and the places of the segments (a thread each).
+  if (warp == 0) {
+    int b2 = 0, need = 0;
+    pick_high_bin_of_row(row, __ldcg(w.sel + 1), b2, need);
+    if (tid == 0) {
+      pick[0] = b2;
+      pick[1] = need;
+      w.sel[2] = static_cast<int>((b1 << 8) | static_cast<std::uint32_t>(b2));
+      w.sel[3] = need;
+    }
   }
   __syncthreads();
-  int* out = kPass == 0 ? w.hist0 : w.hist1;
-  for (int b = threadIdx.x; b < 256; b += blockDim.x) out[s * 256 + b] = hist[b];
-  if (kPass == 1 && threadIdx.x == 0) w.above[s] = above;
+  const int b2 = pick[0], need = pick[1];
+  int gt = 0, eq = 0;
+  const int* seg = w.seg + static_cast<std::int64_t>(tid) * kTopKSegmentInts;
+  if (tid < segments) {
+    const int ge_b2 = __ldcg(seg + b2), gt_b2 = __ldcg(seg + b2 + 1);
+    gt = __ldcg(seg + kTopKAbove) + gt_b2;
+    eq = ge_b2 - gt_b2;
+  }
+  const int eq_before = block_exclusive_sum(eq, warp_tot, &total);
+  const int taken = gt + max(0, min(eq, need - eq_before));
+  const int base = block_exclusive_sum(tid < segments ? taken : 0, warp_tot, &total);
+  if (tid < segments) {
+    w.seg[static_cast<std::int64_t>(tid) * kTopKSegmentInts + kTopKBase] = base;
+    w.seg[static_cast<std::int64_t>(tid) * kTopKSegmentInts + kTopKEqBefore] = eq_before;
+  }
+  clear_key_count_row(row);  // (warp 0 read it before the barriers above)
 }
 
 // Segment blockIdx.x's selections in ascending order at its place in the list (rows of n <= k:
@@ -513,57 +543,22 @@ __global__ void __launch_bounds__(kSegThreads) top_k_hist_kernel(IndexerArgs a, 
 template <bool kVec4>
 __global__ void __launch_bounds__(kSegThreads) top_k_write_kernel(IndexerArgs a) {
   __shared__ int warp_tot[32];
-  __shared__ int pick[2];
-  __shared__ int partial[2][256];
-  __shared__ int seg_gt[kMaxSegments], seg_eq[kMaxSegments];
-  __shared__ int place[2];  // where segment s's selections start; equal entries before it
-  const DeviceStep& st = *a.step;
   const int i = blockIdx.y, s = blockIdx.x, segments = gridDim.x;
-  const int t = a.token0 + i;
-  if (t >= st.n_tokens) return;
-  const std::int64_t n = (static_cast<std::int64_t>(st.positions[t]) + 1) / 4;
+  const std::int64_t n = complete_entries(a, i);
+  if (n < 0) return;
   std::int32_t* out = a.top_idx + static_cast<std::int64_t>(i) * a.top_k;
   std::int64_t q_lo, q_hi;
   segment_quads(n, s, segments, q_lo, q_hi);
-  grid_dependency_wait();  // (launched dependent: the histograms come from the kernel before)
+  grid_dependency_wait();  // (launched dependent: the places come from the kernel before)
   if (n <= a.top_k) {
     for (std::int64_t j = 4 * q_lo + threadIdx.x; j < min(n, 4 * q_hi); j += blockDim.x) out[j] = static_cast<std::int32_t>(j);
     if (s == 0 && threadIdx.x == 0) a.top_count[i] = static_cast<std::int32_t>(n);
     return;
   }
   const TopKWork w = top_k_work(a, i, segments);
-  pick_bin(w.hist1, segments, w.sel[1], partial, pick);
-  const int b2 = pick[0], need = pick[1];
-  const std::uint32_t threshold = (static_cast<std::uint32_t>(w.sel[0]) << 8) | static_cast<std::uint32_t>(b2);
-  // The segments before this one (a warp each): entries above T (above B1, or in B1 above B2)
-  // and equal to T.
-  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31;
-  for (int r = warp; r < s; r += kSegThreads / 32) {
-    int gt = 0;
-    DSV4_UNROLL
-    for (int u = 0; u < 8; ++u) {
-      const int b = lane * 8 + u;
-      if (b > b2) gt += w.hist1[r * 256 + b];
-    }
-    gt = __reduce_add_sync(0xffffffffu, gt);
-    if (lane == 0) {
-      seg_gt[r] = gt + w.above[r];
-      seg_eq[r] = w.hist1[r * 256 + b2];
-    }
-  }
-  __syncthreads();
-  const int eq = tid < s ? seg_eq[tid] : 0;
-  int total = 0;
-  const int eq_before = block_exclusive_sum(eq, warp_tot, &total);
-  const int taken = tid < s ? seg_gt[tid] + max(0, min(eq, need - eq_before)) : 0;
-  const int base = block_exclusive_sum(taken, warp_tot, &total);
-  if (tid == kSegThreads - 1) {  // (the last thread's prefixes plus its own: everything before s)
-    place[0] = base + taken;
-    place[1] = eq_before + eq;
-  }
-  __syncthreads();
-  const float* sc = a.scores + static_cast<std::int64_t>(i) * a.max_entries;
-  write_selected<kVec4>(sc, n, q_lo, q_hi, threshold, need, place[0], place[1], warp_tot, out);
+  const int* seg = w.seg + static_cast<std::int64_t>(s) * kTopKSegmentInts;
+  write_selected<kVec4>(a.scores + static_cast<std::int64_t>(i) * a.max_entries, n, q_lo, q_hi,
+                        static_cast<std::uint32_t>(w.sel[2]), w.sel[3], seg[kTopKBase], seg[kTopKEqBefore], warp_tot, out);
   if (s == 0 && threadIdx.x == 0) a.top_count[i] = a.top_k;
 }
 
@@ -602,10 +597,12 @@ void indexer_scores(const IndexerArgs& args, gpu_stream_t stream) {
 
 std::int32_t indexer_top_k_segments(std::int64_t capacity, std::int64_t max_entries, std::int32_t sm_count) {
   if (capacity <= 0 || max_entries <= 0) return 1;
-  // About two CTAs a SM over the call's tokens, segments of at least 8192 entries (16 a thread;
-  // every CTA also reads the S x 256 counts of the picks).
-  const std::int64_t want = (2 * static_cast<std::int64_t>(std::max(sm_count, 1)) + capacity - 1) / capacity;
-  return static_cast<std::int32_t>(std::clamp<std::int64_t>(std::min(want, (max_entries + 8191) / 8192), 1, kMaxSegments));
+  // At most two CTAs a SM over the call's tokens (rounded down, so the 512-thread CTAs are one
+  // wave: rounded up, batch 64 took 5 segments a token, 320 CTAs), segments of at least
+  // kMinSegmentEntries entries.
+  const std::int64_t want = std::max<std::int64_t>(1, 2 * static_cast<std::int64_t>(std::max(sm_count, 1)) / capacity);
+  const std::int64_t most = (max_entries + kMinSegmentEntries - 1) / kMinSegmentEntries;
+  return static_cast<std::int32_t>(std::clamp<std::int64_t>(std::min(want, most), 1, kMaxSegments));
 }
 
 std::int64_t indexer_key_count_ints(std::int64_t tokens) { return std::max<std::int64_t>(tokens, 0) * kKeyCountInts; }
@@ -624,7 +621,7 @@ void indexer_top_k(const IndexerArgs& args, gpu_stream_t stream) {
   // 16-byte loads where every row starts 16-byte aligned (the executor pads rows to 4 scores).
   const bool vec4 = reinterpret_cast<std::uintptr_t>(args.scores) % 16 == 0 && args.max_entries % 4 == 0;
   const std::int32_t segments = indexer_top_k_segments(args);
-  if (segments <= 1 || args.top_k_work == nullptr) {
+  if (segments <= 1 || args.top_k_work == nullptr || args.key_counts == nullptr) {
     if (vec4) launch(top_k_kernel<true>, dim3(static_cast<unsigned>(args.capacity)), dim3(kTopThreads), 0, stream, args);
     else launch(top_k_kernel<false>, dim3(static_cast<unsigned>(args.capacity)), dim3(kTopThreads), 0, stream, args);
     return;
@@ -634,12 +631,12 @@ void indexer_top_k(const IndexerArgs& args, gpu_stream_t stream) {
   // The FP8 tensor-core scores kernel may have done the first pass (sel holds B1).
   const bool counted = indexer_scores_count_keys(args);
   if (vec4) {
-    if (!counted) launch_dependent(top_k_hist_kernel<true, 0>, grid, dim3(kSegThreads), 0, stream, args, segments);
-    launch_dependent(top_k_hist_kernel<true, 1>, grid, dim3(kSegThreads), 0, stream, args, counted ? 0 : segments);
+    if (!counted) launch_dependent(top_k_hist0_kernel<true>, grid, dim3(kSegThreads), 0, stream, args);
+    launch_dependent(top_k_hist1_kernel<true>, grid, dim3(kSegThreads), 0, stream, args);
     launch_dependent(top_k_write_kernel<true>, grid, dim3(kSegThreads), 0, stream, args);
   } else {
-    if (!counted) launch_dependent(top_k_hist_kernel<false, 0>, grid, dim3(kSegThreads), 0, stream, args, segments);
-    launch_dependent(top_k_hist_kernel<false, 1>, grid, dim3(kSegThreads), 0, stream, args, counted ? 0 : segments);
+    if (!counted) launch_dependent(top_k_hist0_kernel<false>, grid, dim3(kSegThreads), 0, stream, args);
+    launch_dependent(top_k_hist1_kernel<false>, grid, dim3(kSegThreads), 0, stream, args);
     launch_dependent(top_k_write_kernel<false>, grid, dim3(kSegThreads), 0, stream, args);
   }
 }

@@ -15,7 +15,7 @@
 //                     radix select on the scores' 16-bit keys: one CTA a token, or, for long
 //                     rows and few tokens, each row split into segments (indexer_top_k_segments)
 //                     whose CTAs build the histograms and write their selections in place
-//                     (needs top_k_work: indexer_top_k_work_ints ints). Call it after
+//                     (needs top_k_work and key_counts; without them one CTA a token). Call it after
 //                     indexer_scores with the same args: with key_counts, the FP8 tensor-core
 //                     scores kernel does the first radix pass itself (indexer_scores_count_keys).
 #pragma once
@@ -51,14 +51,14 @@ struct IndexerArgs {
                                       // (scored on FP8 tensor cores); bf16 keys do not use it
   std::int32_t* key_counts = nullptr; // indexer_key_count_ints(capacity) ints, zero before the first call
                                       // (fill them once; each call leaves them zero), or null: the
-                                      // top-k then does its first radix pass itself
+                                      // top-k then takes one CTA a token
 };
 
 // Bytes of IndexerArgs::q_work for `tokens` tokens (the queries folded to e4m3, the weights).
 std::int64_t indexer_q_work_bytes(std::int64_t tokens);
 
-// Ints of IndexerArgs::key_counts for `tokens` tokens (a histogram of the scores' high key bytes
-// and an arrival count a token).
+// Ints of IndexerArgs::key_counts for `tokens` tokens (a token's two radix passes: 256 counts and
+// an arrival count each).
 std::int64_t indexer_key_count_ints(std::int64_t tokens);
 
 // Segments a row for indexer_top_k (1: one CTA a token), and the workspace they need.

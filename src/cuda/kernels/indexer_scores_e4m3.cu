@@ -21,7 +21,8 @@
 // terms ReLU(...) * w leave the accumulators as bf16 pairs laid out as the A operand of a bf16
 // mma.m16n8k16 with a B of ones, which sums them over the heads in fp32. A ring of four stages
 // keeps three blocks' copies in flight; each warp resolves the pages of the CTA's next 32 blocks
-// in one batch, a lane each. The three kernels of a call (the fold, the scores, then the top-k's)
+// in one batch, a lane each. The loop is software-pipelined: a block's products run while the
+// threads wait for and convert the next block. The three kernels of a call (the fold, the scores, then the top-k's)
 // are launched dependent (dependent_launch.cuh): a scores CTA resolves its pages and starts its
 // first copies while the fold still runs. (mma.sync on e4m3 is no FP8 instruction on sm_90:
 // ptxas widens it to f16 in software, which cost 890 instructions a 16 entries in a first version
@@ -304,14 +305,16 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
   auto advanced = [](std::uint64_t desc, int bytes) { return desc + static_cast<std::uint64_t>(bytes >> 4); };
   constexpr std::uint32_t kOnes = 0x3f803f80u;  // bf16 1.0, 1.0
   float* out = a.scores + static_cast<std::int64_t>(i) * a.max_entries;
-  for (int k = 0; k < mine; ++k) {
+  // Block k's raw bytes landed (this thread's copies, FP8; the stage's mbarrier, FP4), and for FP4
+  // converted into tile k % 2 with its factors. Returns whether this thread's part of the block
+  // (and its head) can take the fast path.
+  auto prepare = [&](int k) -> bool {
     if constexpr (kFormat == IndexerFormat::kFp4) mbarrier_wait(&landed[k % kStages], static_cast<unsigned>((k / kStages) & 1));
-    else cp_async_wait<kStages - 2>();  // block k's copies (this thread's) landed
-    const std::uint8_t* stage = ring + (k % kStages) * L::kStage;
-    const std::uint8_t* op = stage;  // the A tile
-    float* factor = reinterpret_cast<float*>(ops + 2 * kOpBytes) + (k % 2) * kTile;  // FP4: 2^Rk an entry
+    else cp_async_wait<kStages - 2>();  // (blocks up to k + 2 are committed: k landed)
     bool ok = q_fast;
     if constexpr (kFormat == IndexerFormat::kFp4) {
+      const std::uint8_t* stage = ring + (k % kStages) * L::kStage;
+      float* factor = reinterpret_cast<float*>(ops + 2 * kOpBytes) + (k % 2) * kTile;  // 2^Rk an entry
       // Units (entry u / 4, scale block u % 4), u = tid and tid + 128: the quad of lanes of an
       // entry finds the largest scale of its nonzero blocks and folds the blocks to one power of two.
       std::uint8_t* tile = ops + (k % 2) * kOpBytes;
@@ -326,8 +329,8 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
         smax = max(smax, __shfl_xor_sync(0xffffffffu, smax, 1));
         smax = max(smax, __shfl_xor_sync(0xffffffffu, smax, 2));
         // Nonzero blocks' scales within 13 binades of the largest: e2m1 x 2^(s - smax + 6) is an
-        // e4m3 value (each unit checks its own; the barrier below ANDs them). A NaN scale byte
-        // makes even zeros NaN: the exact path.
+        // e4m3 value (each unit checks its own; the barrier ANDs them). A NaN scale byte makes
+        // even zeros NaN: the exact path.
         ok = ok && s != 255u && (zero || s + 13u >= smax);
         if (b == 0) factor[e] = mul_rn(ue8m0_value(static_cast<std::uint8_t>(smax)), 0x1p-6f);  // 2^(smax - 133)
         const int d = static_cast<int>(s) - static_cast<int>(smax) + 6;
@@ -340,22 +343,37 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
         *reinterpret_cast<uint4*>(tile + core_offset(e, 2 * b)) = lo;
         *reinterpret_cast<uint4*>(tile + core_offset(e, 2 * b + 1)) = hi;
       }
-      op = tile;
     }
-    fence_proxy_async_shared();  // the tile (copied or written by threads) is read by the products
-    const bool fast = __syncthreads_and(ok) != 0;
-    issue(k + kStages - 1);  // into the stage of block k - 1, which every thread is done with
+    return ok;
+  };
+  // The four products of block k (A: its converted tile, FP4, or its stage, FP8), issued and
+  // committed; the caller waits.
+  auto products = [&](int k, float (&d)[32]) {
+    const std::uint8_t* op = kFormat == IndexerFormat::kFp4 ? ops + (k % 2) * kOpBytes : ring + (k % kStages) * L::kStage;
+    const std::uint64_t a_desc = wgmma_descriptor(op, kCore, kRowGroup);
+    wgmma_fence();
+    DSV4_UNROLL
+    for (int kk = 0; kk < 4; ++kk) wgmma_m64n64k32_e4m3(d, advanced(a_desc, kk * 2 * kCore), advanced(q_desc, kk * 2 * kCore), kk > 0);
+    wgmma_commit();
+  };
 
+  // Software pipeline: block k's products run while the threads prepare block k + 1; a barrier a
+  // block (after both) publishes block k + 1's tile and frees block k's stage for block k + 4.
+  const bool first_ok = prepare(0);
+  fence_proxy_async_shared();  // the queries and tile 0 (written by threads) are read by the products
+  bool fast = __syncthreads_and(first_ok) != 0;
+  issue(kStages - 1);
+  for (int k = 0; k < mine; ++k) {
+    const std::uint8_t* stage = ring + (k % kStages) * L::kStage;
+    // (The products are issued and waited for on both paths, outside any branch: a wgmma in a
+    // divergent-looking path makes ptxas serialize them. The exact path overwrites d.)
     float d[32];
+    products(k, d);
+    const bool next_ok = k + 1 < mine ? prepare(k + 1) : true;
+    wgmma_wait<0>();
+    wgmma_fence_operands(d);
     std::uint32_t wp[8];
     if (fast) {
-      const std::uint64_t a_desc = wgmma_descriptor(op, kCore, kRowGroup);
-      wgmma_fence();
-      DSV4_UNROLL
-      for (int kk = 0; kk < 4; ++kk) wgmma_m64n64k32_e4m3(d, advanced(a_desc, kk * 2 * kCore), advanced(q_desc, kk * 2 * kCore), kk > 0);
-      wgmma_commit();
-      wgmma_wait<0>();
-      wgmma_fence_operands(d);
       if constexpr (kFormat == IndexerFormat::kFp8) {  // bf16(q8.k8 * key scale) before the ReLU
         const float* sc = reinterpret_cast<const float*>(stage + kTile * 128);
         const float s0 = sc[16 * warp + g], s1 = sc[16 * warp + g + 8];
@@ -370,7 +388,8 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
       DSV4_UNROLL
       for (int j = 0; j < 8; ++j) wp[j] = wf[j];
     } else {
-      // Exact fp32 dots from the bf16 queries and the decoded keys, the true weights, no factors.
+      // Exact fp32 dots from the bf16 queries and the decoded keys (the raw stage stays until the
+      // barrier below), the true weights, no factors.
       float exact[32];  // (its own array: d stays in registers on the fast path)
       exact_dots(exact, a.q + static_cast<std::int64_t>(t) * a.heads * kDim, a.heads, stage, kFormat);
       DSV4_UNROLL
@@ -379,7 +398,7 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
       for (int j = 0; j < 8; ++j) wp[j] = pack_bf16x2(w_plain[8 * j + 2 * tig], w_plain[8 * j + 2 * tig + 1]);
     }
 
-    // Terms bf16(ReLU(bf16(dot)) * w) as bf16 pairs, summed over the heads by a product with ones.
+    // Terms bf16(ReLU(bf16(dot)) * w) as bf16 pairs, summed over the heads by products with ones.
     float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const std::uint32_t ones[2] = {kOnes, kOnes};
     DSV4_UNROLL
@@ -396,37 +415,29 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
       const int e = 16 * warp + g + 8 * tig;
       const std::int64_t j = (first + k * stride) * kTile + e;
       float total = tig == 0 ? sum[0] : sum[2];
-      if (kFormat == IndexerFormat::kFp4 && fast) total = mul_rn(total, factor[e]);
+      if (kFormat == IndexerFormat::kFp4 && fast)
+        total = mul_rn(total, reinterpret_cast<const float*>(ops + 2 * kOpBytes)[(k % 2) * kTile + e]);
       if (j < n) {
         const float score = round_bf16(total);
         out[j] = score;
         if (count_segments > 0) atomicAdd(&key_count[score_key(score) >> 8], 1);
       }
     }
+    // Block k + 1's tile and factors written; every thread done with block k's stage and tile.
+    fence_proxy_async_shared();
+    fast = __syncthreads_and(next_ok) != 0;
+    issue(k + kStages);
   }
   grid_dependents_launch();  // the top-k's CTAs may start taking their places
   if (count_segments > 0) {
-    __syncthreads();  // every block's counts in
-    int* counts = a.key_counts + static_cast<std::int64_t>(i) * kKeyCountInts;
-    for (int b = tid; b < 256; b += kThreads)
-      if (key_count[b] != 0) atomicAdd(&counts[b], key_count[b]);
     // The last of the token's CTAs (those with blocks to score) to add its counts picks B1 for the
-    // top-k and leaves the row zero for the next call. (Thread 0's fence after the barrier is
-    // cumulative: it orders the block's count atomics before the arrival.)
-    __syncthreads();
+    // top-k and leaves the row zero for the next call.
+    int* counts = a.key_counts + static_cast<std::int64_t>(i) * kKeyCountInts;
     const int ctas = static_cast<int>(tiles < stride ? tiles : stride);
-    if (tid == 0) {
-      __threadfence();
-      last_arrival = atomicAdd(&counts[256], 1) == ctas - 1;
-    }
-    __syncthreads();
-    if (last_arrival) {
-      __threadfence();
+    if (add_counts_and_arrive(key_count, counts, ctas, &last_arrival)) {
       if (warp == 0) {
-        int c[8], bin = 0, still = 0;
-        DSV4_UNROLL
-        for (int u = 0; u < 8; ++u) c[u] = __ldcg(counts + 255 - 8 * lane - u);  // (other CTAs' atomics: at L2)
-        pick_high_bin(c, a.top_k, bin, still);
+        int bin = 0, still = 0;
+        pick_high_bin_of_row(counts, a.top_k, bin, still);
         if (lane == 0) {
           int* sel = a.top_k_work + static_cast<std::int64_t>(i) * top_k_work_ints_per_token(count_segments);
           sel[0] = bin;
@@ -434,7 +445,7 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
         }
       }
       __syncthreads();  // (warp 0 has read the counts)
-      for (int b = tid; b < kKeyCountInts; b += kThreads) counts[b] = 0;
+      clear_key_count_row(counts);
     }
   }
   if constexpr (kFormat == IndexerFormat::kFp8) cp_async_wait_all();  // no copy outlives the CTA

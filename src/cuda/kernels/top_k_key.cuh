@@ -19,19 +19,51 @@ __device__ __forceinline__ std::uint32_t score_key(float f) {
   return k >> 16;  // bf16 values: the low half is zero
 }
 
-// A token's top-k workspace (ints) with S segments: sel[4] (sel[0]: the high byte B1 of the k-th
-// largest key, sel[1]: how many keys of B1 are still needed), hist0[S][256] (counts of the keys'
-// high bytes, a segment a row; unused when the scores kernel counted them), hist1[S][256],
-// above[S].
+// A token's top-k workspace (ints) with S segments: sel[4], then kTopKSegmentInts a segment.
+//   sel[0]  B1, the high byte of the k-th largest key; sel[1] how many keys of B1 are still needed
+//   sel[2]  the threshold T, the k-th largest key (B1 B2); sel[3] how many keys equal to T to take
+//   segment s: ge[257] (ge[b]: the segment's keys of B1 whose low byte is b or more; ge[256] = 0),
+//   above (its keys above B1), base (where its selections start in the list), eq_before (keys
+//   equal to T in the segments before it)
+inline constexpr int kTopKSel = 4;
+inline constexpr int kTopKSegmentInts = 257 + 3;
+inline constexpr int kTopKAbove = 257, kTopKBase = 258, kTopKEqBefore = 259;
 __host__ __device__ constexpr std::int64_t top_k_work_ints_per_token(int segments) {
-  return 4 + static_cast<std::int64_t>(segments) * (2 * 256 + 1);
+  return kTopKSel + static_cast<std::int64_t>(segments) * kTopKSegmentInts;
 }
-inline constexpr int kTopKHist0 = 4;  // offset of hist0 in a token's workspace
 
-// A token's row of IndexerArgs::key_counts: the counts of its scores' high key bytes [256], then
-// how many of its scores CTAs have added theirs. Zero between calls: the token's last CTA reads
-// it, picks B1 into sel and zeroes it.
-inline constexpr int kKeyCountInts = 257;
+// A token's rows of IndexerArgs::key_counts: two rows of 256 counts and an arrival count, the
+// first for the keys' high bytes (the first radix pass), the second for the low bytes of the keys
+// in B1 (the second). Zero between calls: the last CTA of a pass to add its counts reads its row,
+// picks, and zeroes it.
+inline constexpr int kKeyCountRow = 257;
+inline constexpr int kKeyCountInts = 2 * kKeyCountRow;
+
+// Adds the CTA's histogram `hist` (shared memory, 256 bins) to a key-count row (global: 256
+// counts, then the arrival count) and tells every thread whether this CTA is the last of `ctas` to
+// do so; the last CTA then sees every CTA's counts (and whatever each stored before it arrived).
+// Every thread calls it; `flag` is an int of shared memory. (Thread 0's fence after the barrier is
+// cumulative: it orders the CTA's count atomics and stores before its arrival.)
+__device__ __forceinline__ bool add_counts_and_arrive(const int* hist, int* row, int ctas, int* flag) {
+  __syncthreads();  // the CTA's histogram (and its other stores) complete
+  for (int b = static_cast<int>(threadIdx.x); b < 256; b += static_cast<int>(blockDim.x))
+    if (hist[b] != 0) atomicAdd(&row[b], hist[b]);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    *flag = atomicAdd(&row[256], 1) == ctas - 1 ? 1 : 0;
+  }
+  __syncthreads();
+  const bool last = *flag != 0;
+  if (last) __threadfence();
+  return last;
+}
+
+// Zeroes a key-count row (its counts and arrival count) for the next call: the last CTA, after
+// every read of the row.
+__device__ __forceinline__ void clear_key_count_row(int* row) {
+  for (int b = static_cast<int>(threadIdx.x); b < kKeyCountRow; b += static_cast<int>(blockDim.x)) row[b] = 0;
+}
 
 // The bin holding the `need`-th largest key among 256 bins of counts, and how many keys of it are
 // still needed (`need` less the keys in the bins above). One warp, every lane gets the answer: lane
@@ -70,6 +102,15 @@ __device__ __forceinline__ void pick_high_bin(const int (&c)[8], int need, int& 
     bin = 0;
     still = need;
   }
+}
+
+// pick_high_bin over a key-count row that other CTAs added to with atomics (read at L2). One warp.
+__device__ __forceinline__ void pick_high_bin_of_row(const int* row, int need, int& bin, int& still) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  int c[8];
+  DSV4_UNROLL
+  for (int u = 0; u < 8; ++u) c[u] = __ldcg(row + 255 - 8 * lane - u);
+  pick_high_bin(c, need, bin, still);
 }
 
 }  // namespace dsv4::gpu
