@@ -413,6 +413,7 @@ __global__ void __launch_bounds__(kTopThreads) top_k_kernel(IndexerArgs a) {
 constexpr int kSegThreads = 512;
 constexpr int kMaxSegments = 256;                 // (at most kSegThreads: a thread a segment in hist1's last CTA)
 constexpr std::int64_t kMinSegmentEntries = 2048;  // a quad a thread
+static_assert(kMaxSegments <= kSegThreads);
 
 struct TopKWork {
   int* sel;
@@ -454,18 +455,7 @@ __global__ void __launch_bounds__(kSegThreads) top_k_hist0_kernel(IndexerArgs a)
   add_to_histogram<kVec4>(a.scores + static_cast<std::int64_t>(i) * a.max_entries, n, q_lo, q_hi, 0, 0, hist);
   grid_dependents_launch();
   int* row = a.key_counts + static_cast<std::int64_t>(i) * kKeyCountInts;
-  if (!add_counts_and_arrive(hist, row, segments, &last)) return;
-  if (threadIdx.x < 32) {
-    int bin = 0, still = 0;
-    pick_high_bin_of_row(row, a.top_k, bin, still);
-    if (threadIdx.x == 0) {
-      int* sel = top_k_work(a, i, segments).sel;
-      sel[0] = bin;
-      sel[1] = still;
-    }
-  }
-  __syncthreads();  // (warp 0 has read the row)
-  clear_key_count_row(row);
+  if (add_counts_and_arrive(hist, row, segments, &last)) finish_first_pass(row, a.top_k, top_k_work(a, i, segments).sel);
 }
 
 // hist1 of segment blockIdx.x; the last CTA of a token picks T and places the segments.

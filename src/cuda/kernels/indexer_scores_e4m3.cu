@@ -434,19 +434,8 @@ __global__ void __launch_bounds__(kThreads, 5) scores_e4m3_kernel(IndexerArgs a,
     // top-k and leaves the row zero for the next call.
     int* counts = a.key_counts + static_cast<std::int64_t>(i) * kKeyCountInts;
     const int ctas = static_cast<int>(tiles < stride ? tiles : stride);
-    if (add_counts_and_arrive(key_count, counts, ctas, &last_arrival)) {
-      if (warp == 0) {
-        int bin = 0, still = 0;
-        pick_high_bin_of_row(counts, a.top_k, bin, still);
-        if (lane == 0) {
-          int* sel = a.top_k_work + static_cast<std::int64_t>(i) * top_k_work_ints_per_token(count_segments);
-          sel[0] = bin;
-          sel[1] = still;
-        }
-      }
-      __syncthreads();  // (warp 0 has read the counts)
-      clear_key_count_row(counts);
-    }
+    if (add_counts_and_arrive(key_count, counts, ctas, &last_arrival))
+      finish_first_pass(counts, a.top_k, a.top_k_work + static_cast<std::int64_t>(i) * top_k_work_ints_per_token(count_segments));
   }
   if constexpr (kFormat == IndexerFormat::kFp8) cp_async_wait_all();  // no copy outlives the CTA
 }

@@ -113,4 +113,20 @@ __device__ __forceinline__ void pick_high_bin_of_row(const int* row, int need, i
   pick_high_bin(c, need, bin, still);
 }
 
+// The first radix pass's end, in the last CTA of a token to add its counts to `row` (the first
+// key-count row): B1 and how many keys of B1 are still needed into sel[0..1], and the row
+// cleared. Every thread of the CTA calls it.
+__device__ __forceinline__ void finish_first_pass(int* row, int top_k, int* sel) {
+  if (threadIdx.x < 32) {
+    int bin = 0, still = 0;
+    pick_high_bin_of_row(row, top_k, bin, still);
+    if (threadIdx.x == 0) {
+      sel[0] = bin;
+      sel[1] = still;
+    }
+  }
+  __syncthreads();  // (warp 0 has read the row)
+  clear_key_count_row(row);
+}
+
 }  // namespace dsv4::gpu
