@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/device.h"
+#include "cuda/kernels/numerics.cuh"
 #include "cuda/runtime.h"
 #include "numerics/bf16.h"
 
@@ -546,6 +547,25 @@ __global__ void bf16_kernel(const float* in, int n, unsigned short* bits, unsign
   pair[i] = __bfloat1622float2(p);
   lows[i] = __low2float(p);
   highs[i] = __high2float(p);
+}
+
+// Thread i converts the code pair i (0 .. 65535) with every exponent of exps[] both ways (the
+// five-instruction power-of-two path and the fp32 one) and counts differing bits, NaN codes
+// aside; threads 0 .. 1023 also test the range check on byte i % 256 at position i / 256.
+__global__ void e4m3_pow2_kernel(const unsigned* exps, int n_exps, unsigned* mismatches, unsigned* in_range) {
+  const unsigned codes = blockIdx.x * blockDim.x + threadIdx.x;
+  if (codes >= 65536u) return;
+  const bool nan = (codes & 0x7fu) == 0x7fu || ((codes >> 8) & 0x7fu) == 0x7fu;
+  for (int i = 0; i < n_exps; ++i) {
+    const unsigned got = gpu::e4m3x2_to_bf16x2_pow2(codes, gpu::ue8m0_pow2_factor(exps[i]));
+    const unsigned want = gpu::e4m3x2_to_bf16x2(codes, gpu::ue8m0_value(static_cast<std::uint8_t>(exps[i])));
+    if (!nan && got != want) atomicAdd(mismatches, 1u);
+  }
+  if (codes < 1024u) {
+    const unsigned shift = 8u * (codes / 256u);
+    const unsigned word = (0x7f7f7f7fu & ~(0xffu << shift)) | ((codes % 256u) << shift);
+    in_range[codes] = gpu::ue8m0x4_in_pow2_range(word) ? 1u : 0u;
+  }
 }
 
 constexpr int kMathFloats = 34;
@@ -1214,6 +1234,27 @@ TEST(DeviceLanguage, Bf16ConversionsMatchTheReference) {
     ASSERT_TRUE(same_value(g_pair[i].y, dsv4::round_to_bf16(y)));
     ASSERT_TRUE(same_value(g_lows[i], dsv4::round_to_bf16(x)));
     ASSERT_TRUE(same_value(g_highs[i], dsv4::round_to_bf16(y)));
+  }
+}
+
+// The attention kernel's dequantization: e4m3 codes times a UE8M0 scale through a bf16x2
+// multiply gives the bits of the fp32 route for every code pair and every exponent the range
+// check admits, and the check admits exactly [15, 142].
+TEST(DeviceLanguage, E4m3PowerOfTwoDequantizationIsExact) {
+  std::vector<unsigned> exps;
+  if (gpu::simulated()) {
+    exps = {15, 16, 100, 127, 142};
+  } else {
+    for (unsigned e = 15; e <= 142; ++e) exps.push_back(e);
+  }
+  DeviceVector<unsigned> d_exps(exps), mismatches(std::vector<unsigned>{0u}), in_range(1024);
+  gpu::launch(e4m3_pow2_kernel, dim3(256), dim3(256), 0, test_stream().handle(), d_exps.get(), static_cast<int>(exps.size()),
+              mismatches.get(), in_range.get());
+  EXPECT_EQ(mismatches.to_host()[0], 0u);
+  const auto range = in_range.to_host();
+  for (unsigned i = 0; i < 1024; ++i) {
+    const unsigned b = i % 256;
+    EXPECT_EQ(range[i], (b >= 15 && b <= 142) ? 1u : 0u) << "byte " << b << " at position " << i / 256;
   }
 }
 

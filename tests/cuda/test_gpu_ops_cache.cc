@@ -663,6 +663,7 @@ struct AttnCase {
   KvCacheDtype kv;
   std::int64_t heads;
   int splits;          // 0: attention_splits' choice
+  int key_scale_log2 = 0;  // keys times 2^s, queries times 2^-s: UE8M0 scales past 2^15 (s = 24)
 };
 
 // The split count: fewest waves x chunks per split (+1 for the combine), fewest splits among equals.
@@ -682,7 +683,7 @@ TEST(GpuOpsCache, SparseAttention) {
   if (sim()) {
     cases = {{0, KvCacheDtype::kFp8, 64, 1},   {0, KvCacheDtype::kBf16, 4, 0},   {128, KvCacheDtype::kFp8, 64, 0},
              {128, KvCacheDtype::kBf16, 128, 1}, {4, KvCacheDtype::kFp8, 128, 5}, {4, KvCacheDtype::kBf16, 64, 3},
-             {4, KvCacheDtype::kFp8, 4, 1}};
+             {4, KvCacheDtype::kFp8, 4, 1},     {4, KvCacheDtype::kFp8, 64, 1, 24}};
   } else {
     // Every ratio, cache dtype and head count (4: a CTA's 64 rows mostly padding; 128: two head
     // groups); splits 1, the heuristic's choice and a forced 3.
@@ -693,6 +694,9 @@ TEST(GpuOpsCache, SparseAttention) {
         cases.push_back({r, kv, 64, 3});
         cases.push_back({r, kv, 128, 0});
       }
+    // Keys whose block scales leave the dequantization's power-of-two range (its fp32 path).
+    cases.push_back({4, KvCacheDtype::kFp8, 64, 1, 24});
+    cases.push_back({128, KvCacheDtype::kFp8, 128, 0, 24});
   }
   for (KvCacheDtype kv : {KvCacheDtype::kFp8, KvCacheDtype::kBf16}) {
     CacheHarness hz(kv, IndexerCacheDtype::kFp4, 4, sim() ? 400 : 2400);
@@ -725,7 +729,7 @@ TEST(GpuOpsCache, SparseAttention) {
       const int cg = c.ratio > 0 ? hz.group(ckind) : -1;
       const std::int32_t cslot = c.ratio > 0 ? hz.layer_slot(ckind, layer) : 0;
       const std::int64_t H = c.heads;
-      std::mt19937_64 rng(seed_of({50, c.ratio, static_cast<std::int64_t>(kv), H, c.splits}));
+      std::mt19937_64 rng(seed_of({50, c.ratio, static_cast<std::int64_t>(kv), H, c.splits, c.key_scale_log2}));
       // Keys: every window position and compressed entry the step's tokens read, CPU-encoded.
       for (std::int64_t r = 0; r < plan.num_rows(); ++r) {
         const std::int64_t last = plan.view.positions[static_cast<std::size_t>(plan.view.token_start[static_cast<std::size_t>(r) + 1] - 1)];
@@ -734,6 +738,7 @@ TEST(GpuOpsCache, SparseAttention) {
           const std::int32_t slot = table_slot(plan.view, wgroup, wg, r, pos);
           ASSERT_GE(slot, 0) << "window position " << pos << " of row " << r << " is not held";
           std::vector<float> v = bf16_activations(kDim, 1.0f, rng);
+          for (float& x : v) x = std::ldexp(x, c.key_scale_log2);
           encode_main_kv(v, kRope, kv, hz.host_entry(wg, slot, wslot, false), hz.host_entry(wg, slot, wslot, true));
         }
         if (c.ratio > 0) {
@@ -742,6 +747,7 @@ TEST(GpuOpsCache, SparseAttention) {
             const std::int32_t slot = table_slot(plan.view, cgroup, cg, r, j);
             ASSERT_GE(slot, 0);
             std::vector<float> v = bf16_activations(kDim, 1.0f, rng);
+            for (float& x : v) x = std::ldexp(x, c.key_scale_log2);
             encode_main_kv(v, kRope, kv, hz.host_entry(cg, slot, cslot, false), hz.host_entry(cg, slot, cslot, true));
           }
         }
@@ -764,6 +770,7 @@ TEST(GpuOpsCache, SparseAttention) {
         }
       }
       std::vector<float> q = bf16_activations(static_cast<std::size_t>(T * H * kDim), 1.0f, rng);
+      for (float& x : q) x = std::ldexp(x, -c.key_scale_log2);
       std::vector<float> sink = normal(static_cast<std::size_t>(H), 1.0f, rng);
       const float scale = attention_softmax_scale(kDim);
       std::int64_t max_keys = window;
@@ -854,7 +861,8 @@ TEST(GpuOpsCache, SparseAttention) {
                       plan.view.positions[static_cast<std::size_t>(t)], mx, static_cast<long long>(at_i / kDim), static_cast<long long>(at_i % kDim), at_got, at_ref, rmax);
         }
       }
-      const std::string sh = fmt::format("r {} {} heads {} splits {} T {} (grid {}) pos {}", c.ratio, kv_name(kv), H, splits, T, cap, positions_of(plan));
+      const std::string sh = fmt::format("r {} {} heads {} splits {}{} T {} (grid {}) pos {}", c.ratio, kv_name(kv), H, splits,
+                                         c.key_scale_log2 != 0 ? fmt::format(" keys x2^{}", c.key_scale_log2) : "", T, cap, positions_of(plan));
       EXPECT_EQ(s.nonfinite, 0) << sh;
       EXPECT_LT(s.rel_l2(), 1e-2) << sh;
       report("sparse_attention", sh, s, fmt::format("{}/{} differ", s.differing, s.n),

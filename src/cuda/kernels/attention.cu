@@ -50,7 +50,7 @@ __device__ __forceinline__ int tile_offset(int row, int col) {
 constexpr int kQBytes = kHeads * kDim * 2, kKBytes = kKeys * kDim * 2, kPBytes = kHeads * kKeys * 2;
 constexpr int kSmemBytes = kQBytes + 2 * kKBytes + kPBytes + 6 * kHeads * 4 + 2 * kRopeHalf * 4 + 4 * 8;
 static_assert(kSmemBytes <= 227 * 1024, "the CTA must fit the SM's shared memory");
-static_assert(kNope == 448 && kDim - kNope == 64, "the dequantization's split of an entry into 32-byte pairs");
+static_assert(kNope == 448 && kDim - kNope == 64, "the dequantization's split of an entry into 16-byte units");
 
 struct KeySet {
   int n_window = 0, first = 0, n_keys = 0;
@@ -212,12 +212,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   if (tid >= kConsumers) {
     // ---- producer ----
     setmaxnreg_dec<kProducerRegs>();
-    // Thread p handles keys lane_key and lane_key + 32 of each chunk and the 32-byte pairs part,
-    // part + 4, ... of their entries: pairs 0..13 are fp8 (pair q has scale byte q / 2), 14..17 the
-    // bf16 rope dims. A warp takes 8 keys, lane l key l % 8 and part l / 8: the four lanes of a key
-    // read 128 contiguous bytes of it in two load instructions (8 keys, 8 cache lines an
-    // instruction; 32 keys a warp made each touch 32 lines and cost about 20%), and a
-    // quarter warp's 16-byte stores fill the 8 rows of one core matrix.
+    // Thread p handles keys lane_key and lane_key + 32 of each chunk, and of their entries the
+    // 16-byte units part, part + 4, ..., part + 24 of the 28 fp8 units (unit part + 4 q has scale
+    // byte q: every thread uses the 7 scales, one a unit) and units part, part + 4 of the 8 bf16
+    // rope units. So every lane of a warp does the same work (no divergent paths). A warp takes 8
+    // keys, lane l key l % 8 and part l / 8: the four lanes of a key read 64 contiguous bytes an
+    // instruction (8 keys, 8 cache lines an instruction; 32 keys a warp made each touch 32 lines
+    // and cost about 20%), and a quarter warp's 16-byte stores fill the 8 rows of one core matrix.
     const int p = tid - kConsumers, part = (p % 32) / 8, lane_key = 8 * (p / 32) + p % 8;
     // Key i of a token is found in three dependent reads -- its index (a window position, a CSA
     // top-k entry, an HCA entry), the block id from the row's block table, the page from the page
@@ -262,16 +263,16 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
                           : nowhere;
       }
       if (a.kv_fp8) {
-        uint4 v[2][10];
+        constexpr int kFp8Units = kNope / 16 / 4, kRopeUnits = (kDim - kNope) * 2 / 16 / 4;  // a thread's: 7, 2
+        uint4 v[2][kFp8Units + kRopeUnits];
         uint2 sc[2];
         DSV4_UNROLL
         for (int k = 0; k < 2; ++k) {
           DSV4_UNROLL
-          for (int q = 0; q < 5; ++q) {
-            const int pair = part + 4 * q;
-            v[k][2 * q] = load_global_v4_or_zero(data[k] + pair * 32, ok[k] && pair < 18);
-            v[k][2 * q + 1] = load_global_v4_or_zero(data[k] + pair * 32 + 16, ok[k] && pair < 18);
-          }
+          for (int q = 0; q < kFp8Units; ++q) v[k][q] = load_global_v4_or_zero(data[k] + (part + 4 * q) * 16, ok[k]);
+          DSV4_UNROLL
+          for (int r = 0; r < kRopeUnits; ++r)
+            v[k][kFp8Units + r] = load_global_v4_or_zero(data[k] + kNope + (part + 4 * r) * 16, ok[k]);
           sc[k] = load_global_v2_or_zero(scales[k], ok[k]);
         }
         address_step(c);
@@ -279,34 +280,46 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
         DSV4_UNROLL
         for (int k = 0; k < 2; ++k) {
           const int key = lane_key + 32 * k;
-          DSV4_UNROLL
-          for (int q = 0; q < 5; ++q) {
-            const int pair = part + 4 * q;
-            if (pair >= 18) continue;
-            if (pair < kNope / 32) {
-              const std::uint32_t byte = (pair / 2 < 4 ? sc[k].x >> (8 * (pair / 2)) : sc[k].y >> (8 * (pair / 2 - 4))) & 0xffu;
-              const float scale = ue8m0_value(static_cast<std::uint8_t>(byte));
+          // Scale exponents in [15, 142] (every real one) take the five-instruction conversion. (The
+          // entry's 8th scale byte is padding: tested as 127.)
+          const std::uint32_t lo = sc[k].x, hi = (sc[k].y & 0xffffffu) | 0x7f000000u;
+          const bool fast = ue8m0x4_in_pow2_range(lo) && ue8m0x4_in_pow2_range(hi);
+          auto store_unit = [&](int q, const std::uint32_t (&o8)[8]) {
+            const int u = part + 4 * q;  // 16 fp8 codes: dims 16 u .. 16 u + 15
+            *reinterpret_cast<uint4*>(tile + tile_offset(key, 16 * u)) = make_uint4(o8[0], o8[1], o8[2], o8[3]);
+            *reinterpret_cast<uint4*>(tile + tile_offset(key, 16 * u + 8)) = make_uint4(o8[4], o8[5], o8[6], o8[7]);
+          };
+          auto scale_byte = [&](int q) { return (q < 4 ? lo >> (8 * q) : hi >> (8 * (q - 4))) & 0xffu; };
+          if (fast) {
+            DSV4_UNROLL
+            for (int q = 0; q < kFp8Units; ++q) {
+              const std::uint32_t factor = ue8m0_pow2_factor(scale_byte(q));
+              const std::uint32_t w[4] = {v[k][q].x, v[k][q].y, v[k][q].z, v[k][q].w};
+              std::uint32_t o8[8];
               DSV4_UNROLL
-              for (int h = 0; h < 2; ++h) {
-                const uint4 w4 = v[k][2 * q + h];
-                const std::uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
-                std::uint32_t o8[8];
-                DSV4_UNROLL
-                for (int j = 0; j < 4; ++j) {
-                  o8[2 * j] = e4m3x2_to_bf16x2(w[j] & 0xffffu, scale);
-                  o8[2 * j + 1] = e4m3x2_to_bf16x2(w[j] >> 16, scale);
-                }
-                const int u = 2 * pair + h;  // 16 fp8 codes: dims 16 u .. 16 u + 15
-                *reinterpret_cast<uint4*>(tile + tile_offset(key, 16 * u)) = make_uint4(o8[0], o8[1], o8[2], o8[3]);
-                *reinterpret_cast<uint4*>(tile + tile_offset(key, 16 * u + 8)) = make_uint4(o8[4], o8[5], o8[6], o8[7]);
+              for (int j = 0; j < 4; ++j) {
+                o8[2 * j] = e4m3x2_to_bf16x2_pow2(w[j] & 0xffffu, factor);
+                o8[2 * j + 1] = e4m3x2_to_bf16x2_pow2(w[j] >> 16, factor);
               }
-            } else {
+              store_unit(q, o8);
+            }
+          } else {
+            DSV4_UNROLL
+            for (int q = 0; q < kFp8Units; ++q) {
+              const float scale = ue8m0_value(static_cast<std::uint8_t>(scale_byte(q)));
+              const std::uint32_t w[4] = {v[k][q].x, v[k][q].y, v[k][q].z, v[k][q].w};
+              std::uint32_t o8[8];
               DSV4_UNROLL
-              for (int h = 0; h < 2; ++h)  // 8 bf16 rope dims as stored
-                *reinterpret_cast<uint4*>(tile + tile_offset(key, kNope + 16 * (pair - kNope / 32) + 8 * h)) =
-                    v[k][2 * q + h];
+              for (int j = 0; j < 4; ++j) {
+                o8[2 * j] = e4m3x2_to_bf16x2(w[j] & 0xffffu, scale);
+                o8[2 * j + 1] = e4m3x2_to_bf16x2(w[j] >> 16, scale);
+              }
+              store_unit(q, o8);
             }
           }
+          DSV4_UNROLL
+          for (int r = 0; r < kRopeUnits; ++r)  // 8 bf16 rope dims as stored
+            *reinterpret_cast<uint4*>(tile + tile_offset(key, kNope + 8 * (part + 4 * r))) = v[k][kFp8Units + r];
         }
       } else {
         address_step(c);

@@ -207,6 +207,41 @@ __device__ __forceinline__ std::uint32_t e4m3x2_to_f16x2(std::uint32_t codes) {
 #endif
 }
 
+// A UE8M0 scale exponent e (2^(e - 127)) as the bf16 pair 2^(e - 15) | 2^(e - 15), the factor
+// e4m3x2_to_bf16x2_pow2 takes. For e in [15, 142] (the caller checks; it is a normal bf16).
+__device__ __forceinline__ std::uint32_t ue8m0_pow2_factor(std::uint32_t e) {
+  const std::uint32_t b = (e + 112u) << 7;
+  return b | (b << 16);
+}
+
+// Whether the four UE8M0 exponents (bytes) of `word` all lie in [15, 142], where
+// ue8m0_pow2_factor is defined: a byte b does iff (b >= 128) differs from (b & 127 >= 15), and
+// adding 113 to the low 7 bits of every byte at once carries into bit 7 exactly when b & 127 >= 15.
+__device__ __forceinline__ bool ue8m0x4_in_pow2_range(std::uint32_t word) {
+  return (((word & 0x80808080u) ^ ((word & 0x7f7f7f7fu) + 0x71717171u)) & 0x80808080u) == 0x80808080u;
+}
+
+// Two e4m3 codes (the low 16 bits) times the power of two 2^(e - 127) as two bf16 (low half =
+// low byte), for the factor ue8m0_pow2_factor(e), e in [15, 142]: exact, the same bits as
+// e4m3x2_to_bf16x2. An e4m3 value is a normal f16 with three mantissa bits (or zero), so its f16
+// magnitude shifted right by 3 is a bf16 of the value times 2^-112 (the exponent field keeps its
+// bits, bias 15 read as bias 127); one bf16x2 multiply by 2^(e - 15) then scales it, exactly, as
+// the products stay normal. Five instructions a pair instead of six; NaN codes come out finite
+// (the cache's writers never store them).
+__device__ __forceinline__ std::uint32_t e4m3x2_to_bf16x2_pow2(std::uint32_t codes, std::uint32_t factor) {
+  const std::uint32_t h = e4m3x2_to_f16x2(codes);
+  const std::uint32_t bits = ((h & 0x7fff7fffu) >> 3) | (h & 0x80008000u);
+#if defined(__CUDA_ARCH__)
+  std::uint32_t out;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(out) : "r"(bits), "r"(factor));
+  return out;
+#else
+  auto half = [](std::uint32_t b) { return __uint_as_float((b & 0xffffu) << 16); };
+  return static_cast<std::uint32_t>(bf16_bits(half(bits) * half(factor))) |
+         (static_cast<std::uint32_t>(bf16_bits(half(bits >> 16) * half(factor >> 16))) << 16);
+#endif
+}
+
 // Two floats rounded to bf16 (round to nearest even, as bf16_bits; a NaN stays a NaN but may lose
 // its payload), packed with `lo` in the low half: the hardware's conversion on the device.
 __device__ __forceinline__ std::uint32_t pack_bf16x2(float lo, float hi) {
