@@ -5,6 +5,7 @@
 //
 //   bench_gpu_attention [--cases decode,prefill,indexer] [--batches 1,64,128] [--reps N]
 //                       [--top-k-segments S] [--ctas-per-token C]   (indexer launch overrides; 0: auto)
+//                       [--splits S]   (decode attention's split count; 0: attention_splits' choice)
 //
 // decode   s_q = 2 query tokens per sequence (a token and its MTP draft) at the end of a 16K
 //          context, FP8 main-KV cache (584-byte entries) read through block tables:
@@ -217,7 +218,7 @@ struct AttentionCase {
 // Sparse attention over `seqs` sequences of `s_q` query tokens each, the last at position ctx - 1;
 // returns the median microseconds and fills flops / bytes.
 double run_attention(const AttentionCase& ac, std::int64_t seqs, std::int64_t s_q, std::int64_t ctx, int reps, bool rotate,
-                     double* flops, double* bytes, int* copies_out, int* splits_out) {
+                     int forced_splits, double* flops, double* bytes, int* copies_out, int* splits_out) {
   gpu::Stream stream;
   const gpu_stream_t st = stream.handle();
   const std::int64_t H = ac.heads, T = seqs * s_q, window = 128;
@@ -287,7 +288,9 @@ double run_attention(const AttentionCase& ac, std::int64_t seqs, std::int64_t s_
   a.kv_fp8 = true;
   a.compressed_rope = ac.ratio > 0;
   a.out = out.as<std::uint16_t>();
-  a.splits = gpu::attention_splits(T, H, max_keys, info.sm_count);
+  // (a forced count within the partial buffers' bound of 256 split states a head)
+  a.splits = forced_splits > 0 ? static_cast<int>(std::min<std::int64_t>(forced_splits, std::max<std::int64_t>(1, 256 / T)))
+                               : gpu::attention_splits(T, H, max_keys, info.sm_count);
   *splits_out = a.splits;
   DeviceBuffer part_acc, part_ml;
   if (a.splits > 1) {
@@ -316,7 +319,7 @@ double flashmla_decode_us(const std::string& name, std::int64_t batch) {
   return 0.0;
 }
 
-void bench_decode(const std::vector<std::int64_t>& batches, int reps, const Ceilings& c) {
+void bench_decode(const std::vector<std::int64_t>& batches, int reps, int forced_splits, const Ceilings& c) {
   const AttentionCase cases[] = {{"V4-Flash CSA", 64, 4, 512}, {"V4-Pro CSA", 128, 4, 1024}, {"V4-Flash HCA", 64, 128, 0}};
   fmt::print("Decode attention: s_q = 2, context 16384, FP8 cache; time = median of {} runs\n\n", reps);
   fmt::print("| case (decode, s_q = 2) | batch | splits | copies | time (us) | FlashMLA (us) | vs FlashMLA | TFLOP/s | of bf16 peak | GB/s | of HBM |\n");
@@ -325,7 +328,7 @@ void bench_decode(const std::vector<std::int64_t>& batches, int reps, const Ceil
     for (std::int64_t b : batches) {
       double flops = 0, bytes = 0;
       int copies = 0, splits = 0;
-      const double us = run_attention(ac, b, 2, 16384, reps, true, &flops, &bytes, &copies, &splits);
+      const double us = run_attention(ac, b, 2, 16384, reps, true, forced_splits, &flops, &bytes, &copies, &splits);
       const double ref = flashmla_decode_us(ac.name, b);
       const double tf = flops / (us * 1e-6) / 1e12, gbs = bytes / (us * 1e-6) / 1e9;
       fmt::print("| {} | {} | {} | {} | {:.1f} | {} | {} | {:.0f} | {:.0f}% | {:.0f} | {:.0f}% |\n", ac.name, b, splits, copies, us,
@@ -353,7 +356,7 @@ void bench_prefill(int reps, const Ceilings& c) {
   for (const Case& k : cases) {
     double flops = 0, bytes = 0;
     int copies = 0, splits = 0;
-    const double us = run_attention(k.ac, 1, 4096, k.ctx, reps, false, &flops, &bytes, &copies, &splits);
+    const double us = run_attention(k.ac, 1, 4096, k.ctx, reps, false, 0, &flops, &bytes, &copies, &splits);
     const double tf = flops / (us * 1e-6) / 1e12;
     fmt::print("| {} | {}K | {:.0f} | {:.0f} | {:.0f}% | {:.0f} | {:.0f}% |\n", k.ac.name, k.ctx / 1024, us, tf, 100.0 * tf / c.bf16,
                k.flashmla_us, 100.0 * k.flashmla_us / us);
@@ -466,6 +469,7 @@ int run(int argc, char** argv) {
   std::string cases = "decode,prefill,indexer";
   int reps = 50;
   IndexerKnobs knobs;
+  int splits = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i], value = argv[i + 1];
     if (key == "--batches")
@@ -478,6 +482,8 @@ int run(int argc, char** argv) {
       knobs.top_k_segments = std::max(0, std::atoi(value.c_str()));
     else if (key == "--ctas-per-token")
       knobs.ctas_per_token = std::max(0, std::atoi(value.c_str()));
+    else if (key == "--splits")
+      splits = std::clamp(std::atoi(value.c_str()), 0, 32);
     else
       throw Error(fmt::format("unknown option {}", key));
   }
@@ -496,7 +502,7 @@ int run(int argc, char** argv) {
   fmt::print("device: {} ({} SMs, L2 {} MB)\nHBM bandwidth (4 GiB copy, read + write): {:.2f} TB/s\n", info.name, info.sm_count,
              info.l2_bytes >> 20, c.bw / 1e12);
   fmt::print("mma.sync peak: bf16 {:.0f} TFLOP/s\n\n", c.bf16);
-  if (wanted("decode")) bench_decode(batches, reps, c);
+  if (wanted("decode")) bench_decode(batches, reps, splits, c);
   if (wanted("prefill")) bench_prefill(std::min(reps, 20), c);
   if (wanted("indexer")) bench_indexer(reps, c, knobs);
   return 0;

@@ -6,6 +6,7 @@
 #include "cuda/kernels/launch_check.h"
 #include "cuda/device.h"
 #include "cuda/kernels/cache_access.cuh"
+#include "cuda/kernels/dependent_launch.cuh"
 #include "cuda/kernels/numerics.cuh"
 #include "numerics/exp_float.h"
 
@@ -27,6 +28,7 @@ static_assert(kConsumers * (kConsumerRegs - kLaunchRegs) <= kProducers * (kLaunc
               "the consumers' registers must come from the producer's");
 constexpr int kAhead = 3;          // key addresses are resolved over 3 chunks ahead (see below)
 constexpr int kMaxSplitTokens = 256;  // splits * tokens bound of the partial buffers
+constexpr int kMaxSplits = 32;        // a split's state a lane of the combine's first warp
 constexpr unsigned kConsumerBarrier = 1;  // the named barrier of the two consumer warpgroups
 // Probabilities inside the key loop are exp2((s - max) log2 e): the hardware's exp2 (about 2 ulp
 // in fp32, like exp_float) instead of exp_float's 30-odd operations per key and head; the sink
@@ -460,6 +462,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     wgmma_fence_operands(o);
     mbarrier_arrive(&empty[b]);  // the tile is free for chunk n + 2
   }
+  // The split-K combine (launched dependent) may be scheduled once every CTA is past its keys: its
+  // CTAs then wait at grid_dependency_wait instead of behind a launch gap.
+  if (tid == 0) grid_dependents_launch();
   // The row sums: across the quad, then the two warpgroups' halves through shared memory.
   DSV4_UNROLL
   for (int r = 0; r < 2; ++r) {
@@ -533,28 +538,49 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   }
 }
 
-// Merges the split states of one (token, head): 128 threads, 4 dims each.
+// Merges the split states of one (token, head): 128 threads, 4 dims each. The splits' maxima and
+// sums are read at once (a lane of the first warp a split) and their weights shared, so the only
+// serial reads are each thread's partial sums, eight splits in flight. The sums still run in
+// split order, so a result does not depend on timing.
 __global__ void combine_kernel(AttentionArgs a) {
+  __shared__ float weight_s[kMaxSplits], sum_s[kMaxSplits];
+  __shared__ float den_s;
+  grid_dependency_wait();  // (launched dependent: the partial states come from attention_kernel)
   const DeviceStep& st = *a.step;
-  const int t = blockIdx.x, head = blockIdx.y;
+  const int t = blockIdx.x, head = blockIdx.y, tid = threadIdx.x;
   if (t >= st.n_tokens) return;
-  float big = -INFINITY;
-  for (int s = 0; s < a.splits; ++s) {
-    const std::int64_t base = (static_cast<std::int64_t>(s) * a.capacity + t) * a.heads + head;
-    big = fmaxf(big, a.part_ml[base * 2]);
-  }
-  const int d0 = threadIdx.x * 4;
-  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, total = 0.0f;
-  for (int s = 0; s < a.splits; ++s) {
-    const std::int64_t base = (static_cast<std::int64_t>(s) * a.capacity + t) * a.heads + head;
-    const float ms = a.part_ml[base * 2];
-    if (ms == -INFINITY) continue;
-    const float w = exp_float(ms - big);
-    total += a.part_ml[base * 2 + 1] * w;
+  auto state_of = [&](int s) { return (static_cast<std::int64_t>(s) * a.capacity + t) * a.heads + head; };
+  if (tid < 32) {
+    const bool held = tid < a.splits;
+    const float ms = held ? a.part_ml[state_of(tid) * 2] : -INFINITY;
+    const float ls = held ? a.part_ml[state_of(tid) * 2 + 1] : 0.0f;
+    float big = ms;
     DSV4_UNROLL
-    for (int j = 0; j < 4; ++j) acc[j] += a.part_acc[base * kDim + d0 + j] * w;
+    for (int off = 16; off > 0; off >>= 1) big = fmaxf(big, __shfl_xor_sync(0xffffffffu, big, off));
+    const float w = ms == -INFINITY ? 0.0f : exp_float(ms - big);  // a split without keys: weight 0
+    weight_s[tid] = w;
+    sum_s[tid] = ls * w;
+    __syncwarp();
+    if (tid == 0) {
+      float total = 0.0f;
+      for (int s = 0; s < a.splits; ++s) total += sum_s[s];
+      den_s = total + exp_float(a.sink[head] - big);
+    }
   }
-  const float den = total + exp_float(a.sink[head] - big);
+  __syncthreads();
+  const int d0 = tid * 4;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  DSV4_UNROLL_8
+  for (int s = 0; s < a.splits; ++s) {
+    const float w = weight_s[s];
+    const float4 part = *reinterpret_cast<const float4*>(a.part_acc + state_of(s) * kDim + d0);
+    if (w == 0.0f) continue;  // no keys in that split (m = -inf)
+    acc[0] += part.x * w;
+    acc[1] += part.y * w;
+    acc[2] += part.z * w;
+    acc[3] += part.w * w;
+  }
+  const float den = den_s;
   const float* cs = (a.compressed_rope ? st.rope_compressed : st.rope_window) + static_cast<std::int64_t>(t) * 2 * kRopeHalf;
   std::uint16_t* out = a.out + (static_cast<std::int64_t>(t) * a.heads + head) * kDim;
   finish_pair(acc[0] / den, acc[1] / den, d0, cs, out);
@@ -570,7 +596,7 @@ int attention_splits(std::int64_t tokens, std::int64_t heads, std::int64_t max_k
   if (tokens <= 0 || sm_count <= 0) return 1;
   const std::int64_t ctas = tokens * ((heads + kHeads - 1) / kHeads);
   const std::int64_t chunks = std::max<std::int64_t>(1, (max_keys + kKeys - 1) / kKeys);
-  const std::int64_t most = std::min<std::int64_t>({chunks, 32, std::max<std::int64_t>(1, kMaxSplitTokens / tokens)});
+  const std::int64_t most = std::min<std::int64_t>({chunks, kMaxSplits, std::max<std::int64_t>(1, kMaxSplitTokens / tokens)});
   std::int64_t best = 1, best_cost = -1;
   for (std::int64_t s = 1; s <= most; ++s) {
     const std::int64_t waves = (ctas * s + sm_count - 1) / sm_count;
@@ -587,6 +613,7 @@ void sparse_attention(const AttentionArgs& args, gpu_stream_t stream) {
   if (args.capacity <= 0) return;
   if (args.splits < 1 || (args.splits > 1 && (args.part_acc == nullptr || args.part_ml == nullptr)))
     launch_error("sparse_attention: {} splits without partial buffers", {args.splits});
+  if (args.splits > kMaxSplits) launch_error("sparse_attention: {} splits (at most {})", {args.splits, kMaxSplits});
   if (args.splits > 1 && args.splits * args.capacity > kMaxSplitTokens)
     launch_error("sparse_attention: {} splits x {} tokens exceed the partial buffers", {args.splits, args.capacity});
   const dim3 grid(static_cast<unsigned>(args.capacity), static_cast<unsigned>((args.heads + kHeads - 1) / kHeads),
@@ -595,8 +622,8 @@ void sparse_attention(const AttentionArgs& args, gpu_stream_t stream) {
   (void)smem_set;
   launch(attention_kernel, grid, dim3(kThreads), kSmemBytes, stream, args);
   if (args.splits > 1) {
-    launch(combine_kernel, dim3(static_cast<unsigned>(args.capacity), static_cast<unsigned>(args.heads)), dim3(kDim / 4), 0,
-           stream, args);
+    launch_dependent(combine_kernel, dim3(static_cast<unsigned>(args.capacity), static_cast<unsigned>(args.heads)),
+                     dim3(kDim / 4), 0, stream, args);
   }
 }
 
