@@ -26,7 +26,7 @@ constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
 constexpr int kConsumerRegs = 184, kProducerRegs = 136;
 static_assert(kConsumers * (kConsumerRegs - kLaunchRegs) <= kProducers * (kLaunchRegs - kProducerRegs),
               "the consumers' registers must come from the producer's");
-constexpr int kAhead = 3;          // key addresses are resolved over 3 chunks ahead (see below)
+constexpr int kAhead = 4;          // key addresses are resolved over 4 chunks ahead (see below)
 constexpr int kMaxSplitTokens = 256;  // splits * tokens bound of the partial buffers
 constexpr int kMaxSplits = 32;        // a split's state a lane of the combine's first warp
 constexpr unsigned kConsumerBarrier = 1;  // the named barrier of the two consumer warpgroups
@@ -50,7 +50,11 @@ __device__ __forceinline__ int tile_offset(int row, int col) {
 // other), the chunk's probabilities, row maxima (by chunk parity) and row sums of the two consumer
 // warpgroups, the RoPE table, and the full / empty mbarriers of the two key tiles.
 constexpr int kQBytes = kHeads * kDim * 2, kKBytes = kKeys * kDim * 2, kPBytes = kHeads * kKeys * 2;
-constexpr int kSmemBytes = kQBytes + 2 * kKBytes + kPBytes + 6 * kHeads * 4 + 2 * kRopeHalf * 4 + 4 * 8;
+// The producer's staging of its next key's raw entry (asynchronous copies, a thread's own slots):
+// 9 units of 16 bytes and the 16 aligned bytes holding the key's 8 scale bytes.
+constexpr int kStageUnits = 9, kStageBytes = kProducers * kStageUnits * 16, kStageScaleBytes = kProducers * 16;
+constexpr int kSmemBytes =
+    kQBytes + 2 * kKBytes + kPBytes + 6 * kHeads * 4 + 2 * kRopeHalf * 4 + 4 * 8 + kStageBytes + kStageScaleBytes;
 static_assert(kSmemBytes <= 227 * 1024, "the CTA must fit the SM's shared memory");
 static_assert(kNope == 448 && kDim - kNope == 64, "the dequantization's split of an entry into 16-byte units");
 
@@ -174,6 +178,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   float* rope_s = red_sum + 2 * kHeads;                      // [2 * kRopeHalf] cos, sin
   std::uint64_t* full = reinterpret_cast<std::uint64_t*>(rope_s + 2 * kRopeHalf);  // [2] tile written
   std::uint64_t* empty = full + 2;                                                   // [2] tile read
+  std::uint8_t* key_stage = reinterpret_cast<std::uint8_t*>(empty + 2);             // producer: [thread][9][16]
+  std::uint8_t* key_stage_scales = key_stage + kStageBytes;                         // producer: [thread][16]
 
   __shared__ DeviceCacheGroup groups_s[2];  // the window's and the compressed entries'
 
@@ -225,105 +231,149 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     // Key i of a token is found in three dependent reads -- its index (a window position, a CSA
     // top-k entry, an HCA entry), the block id from the row's block table, the page from the page
     // table -- then its bytes are loaded. Each read is issued one chunk before its result is used,
-    // so the chain runs kAhead chunks ahead of the loads and its latency hides behind them.
+    // so the chain runs kAhead chunks ahead of the loads and its latency hides behind them; the
+    // pages of chunk c + 1 are known while chunk c is dequantized.
     // (32-bit page ids: a page read is used one chunk later, so nothing may consume it at once.)
-    std::int32_t idx[2] = {-1, -1}, blk_index[2] = {-1, -1}, pg_index[2] = {-1, -1}, blk[2] = {-1, -1},
-                 pg[2] = {-1, -1};
-    // Address step of chunk c: chunk c + 1 paged, c + 2 blocked, c + 3 indexed.
+    std::int32_t idx[2] = {-1, -1}, blk_index[2] = {-1, -1}, blk[2] = {-1, -1}, next_pg[2] = {-1, -1},
+                 next_pg_index[2] = {-1, -1}, pg[2] = {-1, -1}, pg_index[2] = {-1, -1};
+    // Address step of chunk c: chunk c + 1 takes its pages, c + 2 paged, c + 3 blocked, c + 4 indexed.
     auto address_step = [&](int c) {
       DSV4_UNROLL
       for (int k = 0; k < 2; ++k) {
-        const int i1 = (c + 1) * kKeys + lane_key + 32 * k, i2 = i1 + kKeys, i3 = i2 + kKeys;
+        const int i2 = (c + 2) * kKeys + lane_key + 32 * k, i3 = i2 + kKeys, i4 = i3 + kKeys;
         if (c + 1 >= c_begin && c + 1 < c_end) {
-          pg[k] = look.page(i1, blk[k]);
-          pg_index[k] = blk_index[k];
+          pg[k] = next_pg[k];
+          pg_index[k] = next_pg_index[k];
         }
         if (c + 2 >= c_begin && c + 2 < c_end) {
-          blk[k] = look.block(i2, idx[k]);
+          next_pg[k] = look.page(i2, blk[k]);
+          next_pg_index[k] = blk_index[k];
+        }
+        if (c + 3 >= c_begin && c + 3 < c_end) {
+          blk[k] = look.block(i3, idx[k]);
           blk_index[k] = idx[k];
         }
-        if (c + 3 >= c_begin && c + 3 < c_end) idx[k] = look.index(i3);
+        if (c + 4 >= c_begin && c + 4 < c_end) idx[k] = look.index(i4);
       }
     };
+    // Where the thread's key k of chunk c lives (pg / pg_index hold chunk c's pages): its data and
+    // scales, or `nowhere` when it is not held (false).
+    auto entry_of = [&](int c, int k, const std::uint8_t*& data, const std::uint8_t*& scales) {
+      const int i = c * kKeys + lane_key + 32 * k;
+      const DeviceCacheGroup& grp = look.group(i);
+      const bool held = pg[k] >= 0;
+      const std::int64_t e = held ? look.epb(i).entry_of(pg_index[k]) : 0;
+      const std::uint8_t* base = grp.pool + static_cast<std::int64_t>(held ? pg[k] : 0) * grp.page_bytes;
+      data = held ? base + e * grp.data_bytes : nowhere;
+      scales = held ? base + static_cast<std::int64_t>(grp.entries_per_block) * grp.data_bytes + e * grp.scale_bytes : nowhere;
+      return held;
+    };
     for (int c = c_begin - kAhead; c < c_begin; ++c) address_step(c);
-    for (int c = c_begin; c < c_end; ++c) {
-      const int n = c - c_begin, b = n & 1;
-      std::uint8_t* tile = ks + b * kKBytes;
-      // Where this chunk's two keys of the thread live (page data and scales).
-      const std::uint8_t* data[2];
-      const std::uint8_t* scales[2];
-      bool ok[2];
-      DSV4_UNROLL
-      for (int k = 0; k < 2; ++k) {
-        const int i = c * kKeys + lane_key + 32 * k;
-        const DeviceCacheGroup& grp = look.group(i);
-        ok[k] = pg[k] >= 0;
-        const std::int64_t e = ok[k] ? look.epb(i).entry_of(pg_index[k]) : 0;
-        const std::uint8_t* base = grp.pool + static_cast<std::int64_t>(ok[k] ? pg[k] : 0) * grp.page_bytes;
-        data[k] = ok[k] ? base + e * grp.data_bytes : nowhere;
-        scales[k] = ok[k] ? base + static_cast<std::int64_t>(grp.entries_per_block) * grp.data_bytes + e * grp.scale_bytes
-                          : nowhere;
-      }
-      if (a.kv_fp8) {
-        constexpr int kFp8Units = kNope / 16 / 4, kRopeUnits = (kDim - kNope) * 2 / 16 / 4;  // a thread's: 7, 2
-        uint4 v[2][kFp8Units + kRopeUnits];
-        uint2 sc[2];
+    if (a.kv_fp8) {
+      // A thread's 16-byte units of a key: 7 fp8 (unit part + 4 q: dims 16 (part + 4 q) ..., scale
+      // byte q), then 2 of rope (part, part + 4 of the 8).
+      constexpr int kFp8Units = kNope / 16 / 4, kRopeUnits = (kDim - kNope) * 2 / 16 / 4;  // 7, 2
+      static_assert(kFp8Units + kRopeUnits == kStageUnits);
+      auto unit_offset = [&](int q) { return q < kFp8Units ? (part + 4 * q) * 16 : kNope + (part + 4 * (q - kFp8Units)) * 16; };
+      // Key 0 of a chunk goes through the thread's stage slots by asynchronous copies (no registers,
+      // no load scoreboards), key 1 through registers: so each key's loads are in flight while the
+      // other key is dequantized. The scale bytes come in the aligned 16 bytes that hold them (an
+      // entry has 8, and a page's scale array starts 16-byte aligned).
+      std::uint8_t* my_stage = key_stage + (tid - kConsumers) * kStageUnits * 16;
+      std::uint8_t* my_scales = key_stage_scales + (tid - kConsumers) * 16;
+      auto stage_key0 = [&](int c) {
+        const std::uint8_t* data;
+        const std::uint8_t* scales;
+        const bool ok = entry_of(c, 0, data, scales);
         DSV4_UNROLL
-        for (int k = 0; k < 2; ++k) {
+        for (int q = 0; q < kStageUnits; ++q) cp_async_16_zfill(my_stage + q * 16, ok ? data + unit_offset(q) : nowhere, ok);
+        const std::uint8_t* scale16 = reinterpret_cast<const std::uint8_t*>(reinterpret_cast<std::uintptr_t>(scales) & ~std::uintptr_t{15});
+        cp_async_16_zfill(my_scales, ok ? scale16 : nowhere, ok);
+        cp_async_commit();
+        return static_cast<int>(reinterpret_cast<std::uintptr_t>(scales) & 8u);  // where its 8 bytes sit
+      };
+      // Key `key` of the tile from its units and scale bytes: exact (fp8 code x power-of-two scale,
+      // rope dims copied).
+      auto dequantize_key = [&](const uint4 (&v)[kStageUnits], uint2 sc, std::uint8_t* tile, int key) {
+        // Scale exponents in [15, 142] (every real one) take the five-instruction conversion. (The
+        // entry's 8th scale byte is padding: tested as 127.)
+        const std::uint32_t lo = sc.x, hi = (sc.y & 0xffffffu) | 0x7f000000u;
+        const bool fast = ue8m0x4_in_pow2_range(lo) && ue8m0x4_in_pow2_range(hi);
+        auto store_unit = [&](int q, const std::uint32_t (&o8)[8]) {
+          const int u = part + 4 * q;  // 16 fp8 codes: dims 16 u .. 16 u + 15
+          *reinterpret_cast<uint4*>(tile + tile_offset(key, 16 * u)) = make_uint4(o8[0], o8[1], o8[2], o8[3]);
+          *reinterpret_cast<uint4*>(tile + tile_offset(key, 16 * u + 8)) = make_uint4(o8[4], o8[5], o8[6], o8[7]);
+        };
+        auto scale_byte = [&](int q) { return (q < 4 ? lo >> (8 * q) : hi >> (8 * (q - 4))) & 0xffu; };
+        if (fast) {
           DSV4_UNROLL
-          for (int q = 0; q < kFp8Units; ++q) v[k][q] = load_global_v4_or_zero(data[k] + (part + 4 * q) * 16, ok[k]);
-          DSV4_UNROLL
-          for (int r = 0; r < kRopeUnits; ++r)
-            v[k][kFp8Units + r] = load_global_v4_or_zero(data[k] + kNope + (part + 4 * r) * 16, ok[k]);
-          sc[k] = load_global_v2_or_zero(scales[k], ok[k]);
-        }
-        address_step(c);
-        if (n >= 2) mbarrier_wait(&empty[b], ((n >> 1) & 1) ^ 1);  // chunk n - 2's tile released
-        DSV4_UNROLL
-        for (int k = 0; k < 2; ++k) {
-          const int key = lane_key + 32 * k;
-          // Scale exponents in [15, 142] (every real one) take the five-instruction conversion. (The
-          // entry's 8th scale byte is padding: tested as 127.)
-          const std::uint32_t lo = sc[k].x, hi = (sc[k].y & 0xffffffu) | 0x7f000000u;
-          const bool fast = ue8m0x4_in_pow2_range(lo) && ue8m0x4_in_pow2_range(hi);
-          auto store_unit = [&](int q, const std::uint32_t (&o8)[8]) {
-            const int u = part + 4 * q;  // 16 fp8 codes: dims 16 u .. 16 u + 15
-            *reinterpret_cast<uint4*>(tile + tile_offset(key, 16 * u)) = make_uint4(o8[0], o8[1], o8[2], o8[3]);
-            *reinterpret_cast<uint4*>(tile + tile_offset(key, 16 * u + 8)) = make_uint4(o8[4], o8[5], o8[6], o8[7]);
-          };
-          auto scale_byte = [&](int q) { return (q < 4 ? lo >> (8 * q) : hi >> (8 * (q - 4))) & 0xffu; };
-          if (fast) {
+          for (int q = 0; q < kFp8Units; ++q) {
+            const std::uint32_t factor = ue8m0_pow2_factor(scale_byte(q));
+            const std::uint32_t w[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
+            std::uint32_t o8[8];
             DSV4_UNROLL
-            for (int q = 0; q < kFp8Units; ++q) {
-              const std::uint32_t factor = ue8m0_pow2_factor(scale_byte(q));
-              const std::uint32_t w[4] = {v[k][q].x, v[k][q].y, v[k][q].z, v[k][q].w};
-              std::uint32_t o8[8];
-              DSV4_UNROLL
-              for (int j = 0; j < 4; ++j) {
-                o8[2 * j] = e4m3x2_to_bf16x2_pow2(w[j] & 0xffffu, factor);
-                o8[2 * j + 1] = e4m3x2_to_bf16x2_pow2(w[j] >> 16, factor);
-              }
-              store_unit(q, o8);
+            for (int j = 0; j < 4; ++j) {
+              o8[2 * j] = e4m3x2_to_bf16x2_pow2(w[j] & 0xffffu, factor);
+              o8[2 * j + 1] = e4m3x2_to_bf16x2_pow2(w[j] >> 16, factor);
             }
-          } else {
-            DSV4_UNROLL
-            for (int q = 0; q < kFp8Units; ++q) {
-              const float scale = ue8m0_value(static_cast<std::uint8_t>(scale_byte(q)));
-              const std::uint32_t w[4] = {v[k][q].x, v[k][q].y, v[k][q].z, v[k][q].w};
-              std::uint32_t o8[8];
-              DSV4_UNROLL
-              for (int j = 0; j < 4; ++j) {
-                o8[2 * j] = e4m3x2_to_bf16x2(w[j] & 0xffffu, scale);
-                o8[2 * j + 1] = e4m3x2_to_bf16x2(w[j] >> 16, scale);
-              }
-              store_unit(q, o8);
-            }
+            store_unit(q, o8);
           }
+        } else {
           DSV4_UNROLL
-          for (int r = 0; r < kRopeUnits; ++r)  // 8 bf16 rope dims as stored
-            *reinterpret_cast<uint4*>(tile + tile_offset(key, kNope + 8 * (part + 4 * r))) = v[k][kFp8Units + r];
+          for (int q = 0; q < kFp8Units; ++q) {
+            const float scale = ue8m0_value(static_cast<std::uint8_t>(scale_byte(q)));
+            const std::uint32_t w[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
+            std::uint32_t o8[8];
+            DSV4_UNROLL
+            for (int j = 0; j < 4; ++j) {
+              o8[2 * j] = e4m3x2_to_bf16x2(w[j] & 0xffffu, scale);
+              o8[2 * j + 1] = e4m3x2_to_bf16x2(w[j] >> 16, scale);
+            }
+            store_unit(q, o8);
+          }
         }
-      } else {
+        DSV4_UNROLL
+        for (int r = 0; r < kRopeUnits; ++r)  // 8 bf16 rope dims as stored
+          *reinterpret_cast<uint4*>(tile + tile_offset(key, kNope + 8 * (part + 4 * r))) = v[kFp8Units + r];
+      };
+      int scale_offset = c_begin < c_end ? stage_key0(c_begin) : 0;  // of key 0's 8 scale bytes in its 16
+      for (int c = c_begin; c < c_end; ++c) {
+        const int n = c - c_begin, b = n & 1;
+        std::uint8_t* tile = ks + b * kKBytes;
+        // The address step first: it uses loads of the last step, which are complete. Issued after
+        // key 1's loads, it waited for them (loads share scoreboards), and so did the stage.
+        const std::uint8_t* data1;
+        const std::uint8_t* scales1;
+        const bool ok1 = entry_of(c, 1, data1, scales1);
+        address_step(c);  // pg: chunk c + 1's pages
+        uint4 v1[kStageUnits];
+        DSV4_UNROLL
+        for (int q = 0; q < kStageUnits; ++q) v1[q] = load_global_v4_or_zero(data1 + unit_offset(q), ok1);
+        const uint2 sc1 = load_global_v2_or_zero(scales1, ok1);
+        if (n >= 2) mbarrier_wait(&empty[b], ((n >> 1) & 1) ^ 1);  // chunk n - 2's tile released
+        cp_async_wait_all();  // key 0's stage (this thread's own copies)
+        {
+          uint4 v0[kStageUnits];
+          DSV4_UNROLL
+          for (int q = 0; q < kStageUnits; ++q) v0[q] = *reinterpret_cast<const uint4*>(my_stage + q * 16);
+          const uint2 sc0 = *reinterpret_cast<const uint2*>(my_scales + scale_offset);
+          dequantize_key(v0, sc0, tile, lane_key);
+        }
+        if (c + 1 < c_end) scale_offset = stage_key0(c + 1);  // (its slots were read above)
+        dequantize_key(v1, sc1, tile, lane_key + 32);
+        fence_proxy_async_shared();  // the tile, written by threads, is read by the products
+        mbarrier_arrive(&full[b]);
+      }
+    } else {
+      // bf16 caches: the entries are copied into the tile as they are.
+      for (int c = c_begin; c < c_end; ++c) {
+        const int n = c - c_begin, b = n & 1;
+        std::uint8_t* tile = ks + b * kKBytes;
+        const std::uint8_t* data[2];
+        const std::uint8_t* scales[2];
+        bool ok[2];
+        DSV4_UNROLL
+        for (int k = 0; k < 2; ++k) ok[k] = entry_of(c, k, data[k], scales[k]);
         address_step(c);
         if (n >= 2) mbarrier_wait(&empty[b], ((n >> 1) & 1) ^ 1);
         DSV4_UNROLL
@@ -331,9 +381,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
           for (int u = part * 16; u < part * 16 + 16; ++u)
             cp_async_16_zfill(tile + tile_offset(lane_key + 32 * k, 8 * u), ok[k] ? data[k] + u * 16 : nowhere, ok[k]);
         cp_async_wait_all();
+        fence_proxy_async_shared();
+        mbarrier_arrive(&full[b]);
       }
-      fence_proxy_async_shared();  // the tile, written by threads, is read by the products
-      mbarrier_arrive(&full[b]);
     }
     return;
   }
