@@ -226,8 +226,8 @@ __device__ __forceinline__ bool ue8m0x4_in_pow2_range(std::uint32_t word) {
 // e4m3x2_to_bf16x2. An e4m3 value is a normal f16 with three mantissa bits (or zero), so its f16
 // magnitude shifted right by 3 is a bf16 of the value times 2^-112 (the exponent field keeps its
 // bits, bias 15 read as bias 127); one bf16x2 multiply by 2^(e - 15) then scales it, exactly, as
-// the products stay normal. Five instructions a pair instead of six; NaN codes come out finite
-// (the cache's writers never store them).
+// the products stay normal. Five instructions a pair instead of six. The NaN codes (0x7f, 0xff)
+// come out finite here, where e4m3x2_to_bf16x2 keeps them NaN.
 __device__ __forceinline__ std::uint32_t e4m3x2_to_bf16x2_pow2(std::uint32_t codes, std::uint32_t factor) {
   const std::uint32_t h = e4m3x2_to_f16x2(codes);
   const std::uint32_t bits = ((h & 0x7fff7fffu) >> 3) | (h & 0x80008000u);
