@@ -299,8 +299,17 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
         // entry's 8th scale byte is padding: tested as 127.)
         const std::uint32_t lo = sc.x, hi = (sc.y & 0xffffffu) | 0x7f000000u;
         const bool fast = ue8m0x4_in_pow2_range(lo) && ue8m0x4_in_pow2_range(hi);
-        auto store_unit = [&](int q, const std::uint32_t (&o8)[8]) {
-          const int u = part + 4 * q;  // 16 fp8 codes: dims 16 u .. 16 u + 15
+        // FP8 unit q (16 codes: dims 16 u .. 16 u + 15, u = part + 4 q), each code pair through
+        // `pair` (the codes in the low 16 bits -> two bf16), into the tile.
+        auto convert_unit = [&](int q, auto pair) {
+          const std::uint32_t w[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
+          std::uint32_t o8[8];
+          DSV4_UNROLL
+          for (int j = 0; j < 4; ++j) {
+            o8[2 * j] = pair(w[j] & 0xffffu);
+            o8[2 * j + 1] = pair(w[j] >> 16);
+          }
+          const int u = part + 4 * q;
           *reinterpret_cast<uint4*>(tile + tile_offset(key, 16 * u)) = make_uint4(o8[0], o8[1], o8[2], o8[3]);
           *reinterpret_cast<uint4*>(tile + tile_offset(key, 16 * u + 8)) = make_uint4(o8[4], o8[5], o8[6], o8[7]);
         };
@@ -309,27 +318,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
           DSV4_UNROLL
           for (int q = 0; q < kFp8Units; ++q) {
             const std::uint32_t factor = ue8m0_pow2_factor(scale_byte(q));
-            const std::uint32_t w[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
-            std::uint32_t o8[8];
-            DSV4_UNROLL
-            for (int j = 0; j < 4; ++j) {
-              o8[2 * j] = e4m3x2_to_bf16x2_pow2(w[j] & 0xffffu, factor);
-              o8[2 * j + 1] = e4m3x2_to_bf16x2_pow2(w[j] >> 16, factor);
-            }
-            store_unit(q, o8);
+            convert_unit(q, [factor](std::uint32_t codes) { return e4m3x2_to_bf16x2_pow2(codes, factor); });
           }
         } else {
           DSV4_UNROLL
           for (int q = 0; q < kFp8Units; ++q) {
             const float scale = ue8m0_value(static_cast<std::uint8_t>(scale_byte(q)));
-            const std::uint32_t w[4] = {v[q].x, v[q].y, v[q].z, v[q].w};
-            std::uint32_t o8[8];
-            DSV4_UNROLL
-            for (int j = 0; j < 4; ++j) {
-              o8[2 * j] = e4m3x2_to_bf16x2(w[j] & 0xffffu, scale);
-              o8[2 * j + 1] = e4m3x2_to_bf16x2(w[j] >> 16, scale);
-            }
-            store_unit(q, o8);
+            convert_unit(q, [scale](std::uint32_t codes) { return e4m3x2_to_bf16x2(codes, scale); });
           }
         }
         DSV4_UNROLL
