@@ -386,7 +386,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   // ---- consumers ----
   setmaxnreg_inc<kConsumerRegs>();
   const int lane = tid & 31, g = lane >> 2, tig = lane & 3;
-  const int wg = tid >> 7, wq = (tid >> 5) & 3;  // warpgroup, warp within it (rows 16 wq ..)
+  // Warpgroup and warp within it (rows 16 wq ..), broadcast from lane 0 so that the compiler knows
+  // them warp-uniform: the products' descriptors then stay in uniform registers.
+  const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wq = __shfl_sync(0xffffffffu, (tid >> 5) & 3, 0);
 
   // Queries, copied asynchronously: a warp fills four whole core matrices (8 heads x 4 x 8 dims)
   // per pass. And the token's RoPE cos / sin for the epilogue's inverse rotation.
@@ -445,11 +447,19 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     // overwrites what the other still reads.
     float* chunk_max = red_max + (n & 1) * 2 * kHeads;
     float mx[2] = {-INFINITY, -INFINITY};
-    DSV4_UNROLL
-    for (int i = 0; i < 16; ++i) {
-      const int key = c * kKeys + 32 * wg + 8 * (i / 4) + tig * 2 + (i & 1);
-      s[i] = key < look.keys.n_keys ? s[i] * a.scale : -INFINITY;
-      mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+    if ((c + 1) * kKeys <= look.keys.n_keys) {  // (every chunk but a token's last: no key to mask)
+      DSV4_UNROLL
+      for (int i = 0; i < 16; ++i) {
+        s[i] *= a.scale;
+        mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+      }
+    } else {
+      DSV4_UNROLL
+      for (int i = 0; i < 16; ++i) {
+        const int key = c * kKeys + 32 * wg + 8 * (i / 4) + tig * 2 + (i & 1);
+        s[i] = key < look.keys.n_keys ? s[i] * a.scale : -INFINITY;
+        mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+      }
     }
     DSV4_UNROLL
     for (int r = 0; r < 2; ++r) {
@@ -469,13 +479,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     // P into the probability tile (the other warpgroup's products of the last chunk, which read
     // it, are done: it passed the barrier above after them); each thread sums its own
     // probabilities (its row sums are completed across the quad and the two warpgroups after the
-    // last chunk).
+    // last chunk). The running maxima are finite here: every chunk has a key below n_keys.
     float psum[2] = {0.0f, 0.0f};
     DSV4_UNROLL
     for (int j = 0; j < 4; ++j) {
       float pr[4];
       DSV4_UNROLL
-      for (int e = 0; e < 4; ++e) pr[e] = s[4 * j + e] == -INFINITY ? 0.0f : exp2f((s[4 * j + e] - m[e >> 1]) * kLog2e);
+      for (int e = 0; e < 4; ++e) pr[e] = exp2f((s[4 * j + e] - m[e >> 1]) * kLog2e);  // masked keys: exp2(-inf) = 0
       const int key = 32 * wg + 8 * j + tig * 2;
       *reinterpret_cast<std::uint32_t*>(ps + tile_offset<kPRowGroup>(wq * 16 + g, key)) = pack_bf16x2(pr[0], pr[1]);
       *reinterpret_cast<std::uint32_t*>(ps + tile_offset<kPRowGroup>(wq * 16 + g + 8, key)) = pack_bf16x2(pr[2], pr[3]);
