@@ -160,7 +160,10 @@ struct PendingCopy {
 };
 
 // An mbarrier of the running block (keyed by its address): the current phase's arrivals still
-// expected, its transaction bytes still outstanding, and the bulk copies that land when it completes.
+// expected, its transaction bytes still outstanding, its bulk copies, and the copies of completed
+// phases that no thread has waited for yet: they land when a thread's wait sees their phase
+// complete (as late as the hardware may make them visible), so a read without a wait sees stale
+// shared memory.
 struct PendingBulk {
   unsigned char* dst;
   std::vector<unsigned char> bytes;
@@ -171,6 +174,7 @@ struct Mbarrier {
   long long tx = 0;
   unsigned phase = 0;  // completed phases
   std::vector<PendingBulk> copies;
+  std::vector<PendingBulk> completed;
 };
 
 // A warpgroup's wgmma product in flight: its descriptors, a checksum of its operands at the first
@@ -1069,8 +1073,8 @@ float decode_e4m3(unsigned code) {
 float decode_bf16(unsigned bits) { return std::bit_cast<float>((bits & 0xffffu) << 16); }
 
 // Gathers A (16 x K, row-major), B (K x 8) and C (16 x 8) from the fragments, computes D and
-// scatters it. kBytesPerElement 1: m16n8k32 e4m3; 2: m16n8k16 bf16.
-template <int K, int kElemsPerReg>
+// scatters it. kElemsPerReg 4: m16n8k32 e4m3; 2: m16n8k16 with 16-bit elements (Decode: bf16 or f16).
+template <int K, int kElemsPerReg, float (*Decode)(unsigned)>
 void resolve_mma(Fiber* const* lanes, unsigned group) {
   if (group != kFullMask) {
     raise_error(fmt::format("{}: mma.sync needs all 32 lanes of the warp; lanes {:#010x} have exited",
@@ -1078,7 +1082,7 @@ void resolve_mma(Fiber* const* lanes, unsigned group) {
   }
   float A[16][K], B[K][8], C[16][8];
   constexpr int kBits = 32 / kElemsPerReg;
-  auto decode = [](unsigned code) { return kElemsPerReg == 4 ? decode_e4m3(code) : decode_bf16(code); };
+  auto decode = [](unsigned code) { return Decode(code); };
   for (unsigned lane = 0; lane < 32; ++lane) {
     const auto& r = *static_cast<MmaRecord*>(lanes[lane]->data);
     const int g = static_cast<int>(lane >> 2), t = static_cast<int>(lane & 3u);
@@ -1110,8 +1114,9 @@ void resolve_mma(Fiber* const* lanes, unsigned group) {
     for (int i = 0; i < 4; ++i) r.d[i] = D[g + (i >= 2 ? 8 : 0)][2 * t + (i & 1)];
   }
 }
-const Collective kMmaE4m3{"mma.sync.m16n8k32.e4m3", resolve_mma<32, 4>};
-const Collective kMmaBf16{"mma.sync.m16n8k16.bf16", resolve_mma<16, 2>};
+const Collective kMmaE4m3{"mma.sync.m16n8k32.e4m3", resolve_mma<32, 4, decode_e4m3>};
+const Collective kMmaBf16{"mma.sync.m16n8k16.bf16", resolve_mma<16, 2, decode_bf16>};
+const Collective kMmaF16{"mma.sync.m16n8k16.f16", resolve_mma<16, 2, f16_bits_to_float>};
 
 }  // namespace
 
@@ -1239,6 +1244,21 @@ void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], const std::ui
   wait_warp(kMmaBf16, kFullMask, &record, loc);
 }
 
+float f16_bits_to_float(unsigned bits) {
+  const unsigned exponent = (bits >> 10) & 31u, mantissa = bits & 1023u;
+  float magnitude;
+  if (exponent == 31u) magnitude = mantissa != 0 ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+  else if (exponent == 0u) magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+  else magnitude = std::ldexp(static_cast<float>(1024u + mantissa), static_cast<int>(exponent) - 25);
+  return (bits & 0x8000u) != 0 ? -magnitude : magnitude;
+}
+
+void mma_m16n8k16_f16(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2], const float (&c)[4],
+                      const Location& loc) {
+  MmaRecord record{a, b, c, d};
+  wait_warp(kMmaF16, kFullMask, &record, loc);
+}
+
 void cp_async_16(void* smem, const void* gmem, bool valid, const Location& loc) {
   Fiber& f = current_fiber("cp_async_16");
   const auto misaligned = [](const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) != 0; };
@@ -1283,7 +1303,7 @@ Mbarrier& mbarrier_of(Fiber& f, const std::uint64_t* bar, const char* what, cons
 // run again, and the next phase expects the same arrivals.
 void try_complete(Mbarrier& m, const std::uint64_t* bar) {
   if (m.pending != 0 || m.tx != 0) return;
-  for (const PendingBulk& c : m.copies) std::memcpy(c.dst, c.bytes.data(), c.bytes.size());
+  for (PendingBulk& c : m.copies) m.completed.push_back(std::move(c));
   m.copies.clear();
   const unsigned parity = m.phase & 1u;
   ++m.phase;
@@ -1348,12 +1368,16 @@ void bulk_copy_to_shared(void* smem, const void* gmem, unsigned bytes, std::uint
 void mbarrier_wait(std::uint64_t* bar, unsigned parity, const Location& loc) {
   Fiber& f = current_fiber("mbarrier_wait");
   Mbarrier& m = mbarrier_of(f, bar, "mbarrier_wait", loc);
-  if ((m.phase & 1u) != (parity & 1u)) return;  // the phase of that parity has completed
-  f.state = State::kMbarrier;
-  f.data = bar;
-  f.pred = static_cast<int>(parity & 1u);
-  f.where = loc;
-  yield(f);
+  if ((m.phase & 1u) == (parity & 1u)) {  // the phase of that parity has not completed: sleep
+    f.state = State::kMbarrier;
+    f.data = bar;
+    f.pred = static_cast<int>(parity & 1u);
+    f.where = loc;
+    yield(f);
+  }
+  // The wait saw every completed phase: their copies land now.
+  for (const PendingBulk& c : m.completed) std::memcpy(c.dst, c.bytes.data(), c.bytes.size());
+  m.completed.clear();
 }
 
 namespace {

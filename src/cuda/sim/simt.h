@@ -120,6 +120,10 @@ void mma_m16n8k32_e4m3(float (&d)[4], const std::uint32_t (&a)[4], const std::ui
                        const float (&c)[4], const Location& loc);
 void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2],
                        const float (&c)[4], const Location& loc);
+void mma_m16n8k16_f16(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2],
+                      const float (&c)[4], const Location& loc);
+// The value of IEEE half bits (the low 16): subnormals, inf and NaN.
+float f16_bits_to_float(unsigned bits);
 // cp.async: the 16 source bytes are read at issue time and land in shared memory when the
 // issuing thread waits for their group (cp_async_wait), as late as the hardware may deliver them.
 void cp_async_16(void* smem, const void* gmem, bool valid, const Location& loc);
@@ -128,10 +132,10 @@ void vector_load(void* dst, const void* gmem, unsigned bytes, const Location& lo
 void cp_async_commit();
 void cp_async_wait(int pending_groups);  // < 0: wait for all, committed or not
 // mbarriers and bulk copies (Hopper's cp.async.bulk into shared memory, completing a transaction
-// count on an mbarrier): the source bytes are read at issue time and land in shared memory when
-// the barrier's phase completes (all expected arrivals and transaction bytes), so a read before
-// the wait sees the old contents. A wait blocks the thread until the phase of the given parity
-// has completed.
+// count on an mbarrier): the source bytes are read at issue time; the phase completes with all
+// expected arrivals and transaction bytes, and its copies land in shared memory when a thread's
+// wait first sees it complete, so a read with no wait before it sees the old contents. A wait
+// blocks the thread until the phase of the given parity has completed.
 void mbarrier_init(std::uint64_t* bar, unsigned count, const Location& loc);
 void mbarrier_arrive(std::uint64_t* bar, unsigned tx_bytes, const Location& loc);
 void bulk_copy_to_shared(void* smem, const void* gmem, unsigned bytes, std::uint64_t* bar, const Location& loc);
