@@ -499,7 +499,8 @@ void fp4_experts_to_gpu_layout(const ModelConfig& config, GpuModelWeights& m) {
   auto convert = [&](const GpuBlockWeights& b) {
     for (const DeviceWeight* w : {&b.experts_w13, &b.experts_w2})
       if (w->format == WeightFormat::kFp4 && w->data != nullptr)
-        fp4_to_gpu_layout(const_cast<void*>(w->data), config.n_routed_experts * w->n, w->k, stream.handle());
+        fp4_to_gpu_layout(const_cast<void*>(w->data), const_cast<void*>(w->scale), config.n_routed_experts, w->n, w->k,
+                          stream.handle());
   };
   for (const GpuBlockWeights& b : m.blocks) convert(b);
   for (const GpuMtpWeights& t : m.mtp) convert(t.block);

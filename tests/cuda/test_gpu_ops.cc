@@ -360,7 +360,9 @@ TEST(GpuOps, GemmFewRowsShapes) {
                                    {{16904, 32}, "4 x 2 warps"},
                                    {{33800, 32}, "8 x 1 warps"},
                                    {{40, 4256}, "34 units over 8 warps, a tail"},
-                                   {{24, 8192}, "64 units over 8 warps"}};
+                                   {{24, 8192}, "64 units over 8 warps"},
+                                   {{32, 8192}, "8 units a warp (fp4, tiled: two passes of the bulk kernel's ring)"},
+                                   {{32, 7168}, "7 units a warp (fp4, tiled: the bulk kernel with a ring of one unit)"}};
   for (WeightFormat f : {WeightFormat::kFp8, WeightFormat::kFp4}) {
     for (const Case& c : cases) {
       const GemmShape& sh = c.shape;
@@ -410,36 +412,60 @@ TEST(GpuOps, GemmFewRowsShapes) {
 
 // The GPU layout of fp4 weights: in each full 128-wide k unit of a row, word 4s + t moves to
 // 4t + s; a tail (k % 128) keeps its word order; inside every word the 8 values are repacked (value j
-// in the low nibble of byte j, value j + 4 in its high nibble); other rows' bytes stay, and
-// fp4_from_gpu_layout gives the input back.
+// in the low nibble of byte j, value j + 4 in its high nibble). Tiled shapes (gemm.h fp4_tiled)
+// then store unit u of row r of each 16-row group at 1024 u + 64 r of the group, and the unit's
+// scale bytes at 64 u + 4 r; other shapes keep rows and scales in order. fp4_from_gpu_layout gives
+// the input back.
 TEST(GpuOps, Fp4GpuLayout) {
-  for (const auto& [rows, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{{3, 128}, {5, 160}, {2, 416}, {7, 32}}) {
-    std::mt19937_64 rng(seed_of({41, rows, k}));
-    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(rows * k / 2));
+  struct Shape {
+    std::int64_t matrices, n, k;
+  };
+  for (const Shape& sh : std::vector<Shape>{{1, 3, 128}, {1, 5, 160}, {1, 2, 416}, {1, 7, 32}, {2, 8, 256},
+                                            {2, 32, 256}, {3, 16, 384}, {1, 48, 1152}, {1, 16, gpu::kFp4TiledMaxK},
+                                            {1, 16, gpu::kFp4TiledMaxK + 128}}) {
+    const std::int64_t rows = sh.matrices * sh.n, k = sh.k;
+    const bool tiled = gpu::fp4_tiled(sh.n, k);
+    std::mt19937_64 rng(seed_of({41, sh.matrices, sh.n, k}));
+    std::vector<std::uint8_t> bytes(static_cast<std::size_t>(rows * k / 2)), scales(static_cast<std::size_t>(rows * k / 32));
     for (std::uint8_t& b : bytes) b = static_cast<std::uint8_t>(rng());
-    DevArray<std::uint8_t> d(bytes);
-    gpu::fp4_to_gpu_layout(d.get(), rows, k, st());
-    const std::vector<std::uint8_t> once = d.download();
+    for (std::uint8_t& b : scales) b = static_cast<std::uint8_t>(rng());
+    DevArray<std::uint8_t> d(bytes), ds(scales);
+    gpu::fp4_to_gpu_layout(d.get(), ds.get(), sh.matrices, sh.n, k, st());
+    const std::vector<std::uint8_t> once = d.download(), once_s = ds.download();
+    // where byte b (0..63) of unit u of row r lives: row order or the tiled order
+    const std::int64_t units = k / 128;
+    auto at = [&](std::int64_t r, std::int64_t byte_in_row) {
+      if (!tiled) return r * k / 2 + byte_in_row;
+      const std::int64_t u = byte_in_row / 64;
+      return (r / 16) * 16 * (k / 2) + u * 1024 + (r % 16) * 64 + byte_in_row % 64;
+    };
     // value i (0..7) of a checkpoint word: nibble i, little-endian
     auto value = [](const std::uint8_t* word, int i) { return (word[i / 2] >> (4 * (i % 2))) & 0xf; };
-    std::int64_t wrong = 0;
+    std::int64_t wrong = 0, wrong_scales = 0;
     for (std::int64_t r = 0; r < rows; ++r) {
       for (std::int64_t w = 0; w < k / 8; ++w) {  // word w of the row in the GPU layout
         std::int64_t src = w;                    // comes from checkpoint word src
-        if (w < (k / 128) * 16) {
+        if (w < units * 16) {
           const std::int64_t unit = w / 16, t = (w % 16) / 4, sblk = w % 4;
           src = unit * 16 + 4 * sblk + t;
         }
         const std::uint8_t* in = &bytes[static_cast<std::size_t>(r * k / 2 + 4 * src)];
         for (int j = 0; j < 4; ++j) {
           const int want = value(in, j) | (value(in, j + 4) << 4);
-          wrong += once[static_cast<std::size_t>(r * k / 2 + 4 * w + j)] != want;
+          wrong += once[static_cast<std::size_t>(at(r, 4 * w + j))] != want;
         }
       }
+      for (std::int64_t b = 0; b < k / 32; ++b) {
+        const std::int64_t to = tiled ? (r / 16) * 16 * (k / 32) + (b / 4) * 64 + (r % 16) * 4 + b % 4 : r * k / 32 + b;
+        wrong_scales += once_s[static_cast<std::size_t>(to)] != scales[static_cast<std::size_t>(r * k / 32 + b)];
+      }
     }
-    EXPECT_EQ(wrong, 0) << rows << " rows, k " << k;
-    gpu::fp4_from_gpu_layout(d.get(), rows, k, st());
-    EXPECT_EQ(d.download(), bytes) << "back to checkpoint order: " << rows << " rows, k " << k;
+    const std::string what = fmt::format("{} x {} rows, k {}{}", sh.matrices, sh.n, k, tiled ? " (tiled)" : "");
+    EXPECT_EQ(wrong, 0) << what;
+    EXPECT_EQ(wrong_scales, 0) << what;
+    gpu::fp4_from_gpu_layout(d.get(), ds.get(), sh.matrices, sh.n, k, st());
+    EXPECT_EQ(d.download(), bytes) << "back to checkpoint order: " << what;
+    EXPECT_EQ(ds.download(), scales) << "scales back to checkpoint order: " << what;
   }
 }
 
@@ -685,10 +711,14 @@ TEST(GpuOps, GemmGroupedFp8) {
 
 // gemm_quantized_experts with a hand-built tile map (tile_m 8 and 128).
 TEST(GpuOps, GemmQuantizedExperts) {
-  const std::int64_t E = 4, n = small() ? 96 : 1024, k = small() ? 256 : 2048, tokens = 40;
+  const std::int64_t E = 4, n = small() ? 96 : 1024, tokens = 40;
   const std::vector<std::int64_t> counts = {9, 0, 130, 1};  // rows per expert
+  // fp4 experts are tiled (gemm.h fp4_tiled), so their few-rows products take the bulk-copy
+  // kernel; at k 4096 a warp's 16 units pass its ring twice.
+  const std::vector<std::int64_t> ks = small() ? std::vector<std::int64_t>{256, 1536} : std::vector<std::int64_t>{1920, 4096};
+  for (std::int64_t k : ks)
   for (WeightFormat f : {WeightFormat::kFp4, WeightFormat::kFp8}) {
-    std::mt19937_64 rng(seed_of({6, static_cast<std::int64_t>(f)}));
+    std::mt19937_64 rng(seed_of({6, static_cast<std::int64_t>(f), k}));
     std::vector<TestWeight> tws;
     std::vector<const TestWeight*> ptrs;
     for (std::int64_t e = 0; e < E; ++e) tws.push_back(make_weight(f, n, k, 0.05f, rng));

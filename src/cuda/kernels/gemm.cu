@@ -109,6 +109,37 @@ __global__ void fp4_layout_kernel(std::uint8_t* data, std::int64_t rows, std::in
   for (int w = 0; w < 16; ++w) p[w] = out[w];
 }
 
+// The tiled order (gemm.h fp4_tiled) of one 16-row group, in place: a CTA reads the group's rows
+// and scale rows into shared memory, then writes unit u of row r to 1024 u + 64 r (scales: 64 u +
+// 4 r); `to_tiled` false reads the tiled order and writes rows.
+__global__ void fp4_tile_kernel(std::uint8_t* data, std::uint8_t* scales, std::int64_t k, bool to_tiled) {
+  DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
+  const std::int64_t units = k / 128, row_bytes = k / 2, scale_bytes = k / 32;
+  std::uint8_t* w = data + static_cast<std::int64_t>(blockIdx.x) * 16 * row_bytes;
+  std::uint8_t* sc = scales + static_cast<std::int64_t>(blockIdx.x) * 16 * scale_bytes;
+  std::uint8_t* ws = smem;
+  std::uint8_t* ss = smem + 16 * row_bytes;
+  // 16-byte pieces: row r, unit u, piece p (4 a unit) <-> row-major r * row_bytes + 64 u + 16 p,
+  // tiled 1024 u + 64 r + 16 p; scale words: r * scale_bytes + 4 u <-> 64 u + 4 r.
+  const auto row_major = [&](std::int64_t i) { return (i / (4 * units)) * row_bytes + (i % (4 * units)) * 16; };
+  const auto tiled = [&](std::int64_t i) { return ((i % (4 * units)) / 4) * 1024 + (i / (4 * units)) * 64 + (i % 4) * 16; };
+  for (std::int64_t i = threadIdx.x; i < 16 * 4 * units; i += blockDim.x)
+    *reinterpret_cast<uint4*>(ws + row_major(i)) = *reinterpret_cast<const uint4*>(w + (to_tiled ? row_major(i) : tiled(i)));
+  for (std::int64_t i = threadIdx.x; i < 16 * units; i += blockDim.x) {
+    const std::int64_t r = i / units, u = i % units;
+    *reinterpret_cast<std::uint32_t*>(ss + r * scale_bytes + 4 * u) =
+        *reinterpret_cast<const std::uint32_t*>(sc + (to_tiled ? r * scale_bytes + 4 * u : 64 * u + 4 * r));
+  }
+  __syncthreads();
+  for (std::int64_t i = threadIdx.x; i < 16 * 4 * units; i += blockDim.x)
+    *reinterpret_cast<uint4*>(w + (to_tiled ? tiled(i) : row_major(i))) = *reinterpret_cast<const uint4*>(ws + row_major(i));
+  for (std::int64_t i = threadIdx.x; i < 16 * units; i += blockDim.x) {
+    const std::int64_t r = i / units, u = i % units;
+    *reinterpret_cast<std::uint32_t*>(sc + (to_tiled ? 64 * u + 4 * r : r * scale_bytes + 4 * u)) =
+        *reinterpret_cast<const std::uint32_t*>(ss + r * scale_bytes + 4 * u);
+  }
+}
+
 // ---- shared pieces ------------------------------------------------------------------------------
 struct RowTile {
   std::int64_t first = 0;  // first output row of the tile (dense: m0; experts: permuted row)
@@ -467,6 +498,22 @@ struct FewBf16 {
   }
 };
 
+// The block's sum for the few-rows kernels: the partials of the warps along k (wk) are added in
+// warp order into those of warp wk = 0 (deterministic). Every thread of the block calls it.
+__device__ __forceinline__ void few_block_sum(float (&partial)[kFewWarps][32][4], float (&acc)[4], int warp, int lane,
+                                              int wn, int wk, int warps_n) {
+  if (warps_n == kFewWarps) return;  // no split of k
+  DSV4_UNROLL
+  for (int e = 0; e < 4; ++e) partial[warp][lane][e] = acc[e];
+  __syncthreads();
+  if (wk == 0) {
+    for (int w = 1; w < kFewWarps / warps_n; ++w) {
+      DSV4_UNROLL
+      for (int e = 0; e < 4; ++e) acc[e] += partial[w * warps_n + wn][lane][e];
+    }
+  }
+}
+
 template <class U, WeightFormat F>
 __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(SmallArgs args, int warps_n) {
   __shared__ float partial[kFewWarps][32][4];
@@ -498,18 +545,7 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(SmallArgs args, i
     }
   }
 
-  // The block's sum: its k warps' partials added in warp order.
-  if (k_split > 1) {
-    DSV4_UNROLL
-    for (int e = 0; e < 4; ++e) partial[warp][lane][e] = acc[e];
-    __syncthreads();
-    if (wk == 0) {
-      for (int w = 1; w < k_split; ++w) {
-        DSV4_UNROLL
-        for (int e = 0; e < 4; ++e) acc[e] += partial[w * warps_n + wn][lane][e];
-      }
-    }
-  }
+  few_block_sum(partial, acc, warp, lane, wn, wk, warps_n);
   if (wk != 0) return;
   // acc[e]: weight row n0 + g (+ 8 for e >= 2), token 2t + (e & 1).
   DSV4_UNROLL
@@ -517,6 +553,137 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(SmallArgs args, i
     const std::int64_t n = n0 + g + 8 * (e >> 1);
     const int m = 2 * t + (e & 1);
     if (m < tile.count && n < n_total) store_out(args.out, tile.first + m, n, acc[e] * U::kOutScale);
+  }
+}
+
+// ---- fp4 few-rows kernel with the weights streamed by the bulk copy engine ---------------------
+// The products of few_rows_kernel<FewFp4<true>> (the same fragments, sums and rounding, so the
+// same bits) for weights in the tiled layout (gemm.h fp4_tiled: a warp's 16 rows of a unit are one
+// 1,024-byte block, its scales one of 64 bytes). How the bytes arrive:
+//  - Weights: each warp keeps a ring of unit slots; one lane fills a slot with two bulk copies
+//    (cp.async.bulk: the unit's block and its scale block) counted on the slot's mbarrier, so a
+//    wait for a slot waits for exactly that unit. Register prefetch (few_rows_kernel) put several
+//    units' loads on shared scoreboards, so a unit's first use also waited for loads issued after
+//    it (ncu: 45% of the stall samples there, docs/perf.md).
+//  - Activations: the tile's tokens (e4m3 codes) and their scales go into shared memory once per
+//    CTA. The codes of a unit are stored so that a lane's 32 bytes (k 32 s + 8 t .. + 7, s = 0..3)
+//    are adjacent, and rows are k + 16 bytes apart, so the two 16-byte reads of 8 lanes (two tokens
+//    x four t) hit distinct banks.
+constexpr int kFp4RingMax = 8;
+constexpr int kFp4SlotBytes = 1024 + 64;
+// Dynamic shared memory a CTA may take so that `blocks` of them fit on an SM beside their static
+// arrays (228 KB an SM, 1 KB of it reserved per CTA). More CTAs an SM beat a deeper ring: three
+// with a ring of one unit were faster than two with five (docs/perf.md).
+constexpr std::int64_t fp4_bulk_smem_budget(int blocks) { return blocks == 3 ? 70 * 1024 : 108 * 1024; }
+
+struct Fp4BulkLayout {
+  std::int64_t x_stride, sa_offset, ring_offset;
+  int ring;
+  std::int64_t bytes;
+};
+__host__ __device__ inline Fp4BulkLayout fp4_bulk_layout(std::int64_t k, int ring) {
+  Fp4BulkLayout s;
+  s.x_stride = k + 16;
+  s.sa_offset = kSmallRows * s.x_stride;
+  s.ring_offset = (s.sa_offset + (k / 128) * kSmallRows * 4 + 127) / 128 * 128;
+  s.ring = ring;
+  s.bytes = s.ring_offset + static_cast<std::int64_t>(kFewWarps) * ring * kFp4SlotBytes;
+  return s;
+}
+
+template <int kBlocksPerSm>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) few_rows_fp4_bulk_kernel(SmallArgs args, int warps_n, int ring) {
+  DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
+  __shared__ float partial[kFewWarps][32][4];
+  __shared__ std::uint64_t landed[kFewWarps][kFp4RingMax];
+  const RowTile tile = row_tile(blockIdx.y, kSmallRows, args.rows, args.rows_dev, args.tiles, args.experts);
+  if (!tile.valid) return;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int wn = warp % warps_n, wk = warp / warps_n, k_split = kFewWarps / warps_n;
+  const std::int64_t n_total = args.w.n, k = args.k;
+  const int units = static_cast<int>(k / 128);
+  const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * warps_n + wn) * 16;  // the warp's first weight row
+  const bool active = n0 < n_total;  // (n is a multiple of 16: all 16 rows exist)
+  const int u_begin = units * wk / k_split, u_end = units * (wk + 1) / k_split;
+  const Fp4BulkLayout lay = fp4_bulk_layout(k, ring);
+  std::uint8_t* xs = smem;
+  float* sas = reinterpret_cast<float*>(smem + lay.sa_offset);
+  std::uint8_t* slots = smem + lay.ring_offset + static_cast<std::int64_t>(warp) * ring * kFp4SlotBytes;
+
+  // The warp's blocks: unit u of its row group at w_src + 1024 u, the unit's scales at s_src + 64 u.
+  const std::int64_t first_block = (n0 / 16) * units;
+  const auto* w_src = static_cast<const std::uint8_t*>(args.w.data) + static_cast<std::int64_t>(tile.expert) * args.w.expert_stride + first_block * 1024;
+  const auto* s_src = static_cast<const std::uint8_t*>(args.w.scale) + static_cast<std::int64_t>(tile.expert) * args.w.scale_stride + first_block * 64;
+  const auto issue = [&](int u, int slot) {  // by lane 0
+    std::uint8_t* to = slots + slot * kFp4SlotBytes;
+    mbarrier_arrive_expect_tx(&landed[warp][slot], kFp4SlotBytes);
+    bulk_copy_to_shared(to, w_src + static_cast<std::int64_t>(u) * 1024, 1024u, &landed[warp][slot]);
+    bulk_copy_to_shared(to + 1024, s_src + static_cast<std::int64_t>(u) * 64, 64u, &landed[warp][slot]);
+  };
+  if (active && lane == 0) {
+    for (int r = 0; r < ring; ++r) mbarrier_init(&landed[warp][r], 1);
+    for (int i = 0; i < ring && u_begin + i < u_end; ++i) issue(u_begin + i, i);
+  }
+
+  // The tile's activations, while the first units are in flight: tokens m < count, 16 bytes a step
+  // (two 8-byte pieces: k 16 c .. 16 c + 15 is block s = (c % 8) / 2, lane t = 2 (c % 2) + p).
+  const int m_last = tile.count - 1;
+  const std::int64_t chunks = k / 16;
+  for (std::int64_t i = tid; i < tile.count * chunks; i += kThreads) {
+    const int m = static_cast<int>(i / chunks);
+    const std::int64_t c = i % chunks;
+    const uint4 v = *reinterpret_cast<const uint4*>(args.a_codes + source_row(tile, m, args.tiles, args.experts) * k + 16 * c);
+    std::uint8_t* to = xs + m * lay.x_stride + (c / 8) * 128 + 8 * static_cast<int>((c % 8) / 2);
+    const int t0 = 2 * static_cast<int>(c % 2);
+    *reinterpret_cast<uint2*>(to + 32 * t0) = make_uint2(v.x, v.y);
+    *reinterpret_cast<uint2*>(to + 32 * (t0 + 1)) = make_uint2(v.z, v.w);
+  }
+  // scales [unit][8 tokens], tokens past the tile's count repeating its last
+  for (int i = tid; i < units * kSmallRows; i += kThreads) {
+    const int u = i / kSmallRows, m = i % kSmallRows;
+    sas[i] = args.a_scales[source_row(tile, m < m_last ? m : m_last, args.tiles, args.experts) * units + u];
+  }
+  __syncthreads();  // (also orders lane 0's barrier initialization before the other lanes' waits)
+
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (active) {
+    const std::uint8_t* x_lane = xs + (g < m_last ? g : m_last) * lay.x_stride + 32 * t;
+    int slot = 0;
+    unsigned phase = 0;
+    for (int u = u_begin; u < u_end; ++u) {
+      mbarrier_wait(&landed[warp][slot], phase);
+      const std::uint8_t* sl = slots + slot * kFp4SlotBytes;
+      FewFp4<true>::Regs r;
+      r.w_lo = *reinterpret_cast<const uint4*>(sl + 64 * g + 16 * t);
+      r.w_hi = *reinterpret_cast<const uint4*>(sl + 64 * (g + 8) + 16 * t);
+      r.s_lo = *reinterpret_cast<const std::uint32_t*>(sl + 1024 + 4 * g);
+      r.s_hi = *reinterpret_cast<const std::uint32_t*>(sl + 1024 + 4 * (g + 8));
+      const uint4 x01 = *reinterpret_cast<const uint4*>(x_lane + u * 128);
+      const uint4 x23 = *reinterpret_cast<const uint4*>(x_lane + u * 128 + 16);
+      r.x[0] = make_uint2(x01.x, x01.y);
+      r.x[1] = make_uint2(x01.z, x01.w);
+      r.x[2] = make_uint2(x23.x, x23.y);
+      r.x[3] = make_uint2(x23.z, x23.w);
+      const float2 sa = *reinterpret_cast<const float2*>(sas + u * kSmallRows + 2 * t);
+      r.sa0 = sa.x;
+      r.sa1 = sa.y;
+      FewFp4<true>::accumulate(r, acc);
+      __syncwarp();  // every lane has used the slot: it may be refilled
+      if (lane == 0 && u + ring < u_end) issue(u + ring, slot);
+      if (++slot == ring) {
+        slot = 0;
+        phase ^= 1u;
+      }
+    }
+  }
+
+  few_block_sum(partial, acc, warp, lane, wn, wk, warps_n);
+  if (wk != 0 || !active) return;
+  DSV4_UNROLL
+  for (int e = 0; e < 4; ++e) {
+    const std::int64_t n = n0 + g + 8 * (e >> 1);
+    const int m = 2 * t + (e & 1);
+    if (m < tile.count) store_out(args.out, tile.first + m, n, acc[e] * FewFp4<true>::kOutScale);
   }
 }
 
@@ -563,6 +730,7 @@ __global__ void __launch_bounds__(kThreads) mma_fp8_kernel(MmaArgs args) {
   const int k_tiles = static_cast<int>((k + 127) / 128);
   const auto* wbase = static_cast<const std::uint8_t*>(args.w.data) + static_cast<std::int64_t>(tile.expert) * args.w.expert_stride;
   const std::int64_t w_row_bytes = F == WeightFormat::kFp4 ? k / 2 : k;
+  const bool tiled = F == WeightFormat::kFp4 && fp4_tiled(n_total, k);
   float* fp4_scales = reinterpret_cast<float*>(smem + 2 * kStageBytes);  // [stage][128 n][4 steps]
 
   auto load_stage = [&](int kt, int stage) {
@@ -597,8 +765,11 @@ __global__ void __launch_bounds__(kThreads) mma_fp8_kernel(MmaArgs args) {
         uint4 raw = make_uint4(0, 0, 0, 0);
         float s = 0.0f;
         if (ok) {
-          raw = *reinterpret_cast<const uint4*>(wbase + (n0 + row) * w_row_bytes + k0 / 2 + part * 16);
-          s = ue8m0_value(sbase[(n0 + row) * (k / 32) + k0 / 32 + part]);
+          const std::int64_t r = n0 + row;
+          // the row's 16 bytes of the unit and its scale byte, in row order or tiled (gemm.h)
+          const std::int64_t block = (r / 16) * k_tiles + kt;
+          raw = *reinterpret_cast<const uint4*>(wbase + (tiled ? block * 1024 + (r % 16) * 64 : r * w_row_bytes + k0 / 2) + part * 16);
+          s = ue8m0_value(sbase[(tiled ? block * 64 + (r % 16) * 4 : r * (k / 32) + k0 / 32) + part]);
         }
         const std::uint32_t in[4] = {raw.x, raw.y, raw.z, raw.w};
         std::uint32_t outw[8];  // word wd's values 0..3, then 4..7 (the GPU layout's nibbles)
@@ -872,19 +1043,21 @@ void check_k(std::int64_t k, const char* who) {
   if (k <= 0 || k % 32 != 0) launch_error(who, {k});
 }
 
-// Few-rows launch: warps along the output as wide as still gives about two blocks per SM, the
-// rest of the block's warps splitting k. (Splitting k over CTAs as well, for the narrow outputs,
+// Few-rows kernels' warps along the output: as many as still give about two blocks per SM, the
+// rest of the block's warps splitting k.
+int few_warps_n(std::int64_t n, std::int64_t row_tiles) {
+  const std::int64_t groups = (n + 15) / 16;
+  for (int w : {8, 4, 2})
+    if ((groups + w - 1) / w * row_tiles >= 2 * 132) return w;
+  return 1;
+}
+
+// Few-rows launch (warps: few_warps_n). (Splitting k over CTAs as well, for the narrow outputs,
 // was measured slower on 2026-12-02: docs/perf.md.)
 template <class U, WeightFormat F>
 void launch_few(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t stream) {
   const std::int64_t groups = (args.w.n + 15) / 16;
-  int warps_n = 1;
-  for (int w : {8, 4, 2}) {
-    if ((groups + w - 1) / w * row_tiles >= 2 * 132) {
-      warps_n = w;
-      break;
-    }
-  }
+  const int warps_n = few_warps_n(args.w.n, row_tiles);
   launch(few_rows_kernel<U, F>, dim3(static_cast<unsigned>((groups + warps_n - 1) / warps_n), static_cast<unsigned>(row_tiles)),
          dim3(kThreads), 0, stream, args, warps_n);
 }
@@ -895,6 +1068,26 @@ void launch_few_fp8(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t 
 }
 
 void launch_few_fp4(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t stream) {
+  if (fp4_tiled(args.w.n, args.k)) {
+    // the bulk-copy kernel: three CTAs an SM where a ring of one unit still fits beside the
+    // activations, else two (a ring of 4 units at kFp4TiledMaxK); each as deep a ring as fits
+    const auto ring_for = [&](int blocks) {
+      return static_cast<int>(std::min<std::int64_t>(
+          kFp4RingMax, (fp4_bulk_smem_budget(blocks) - fp4_bulk_layout(args.k, 0).bytes) / (kFewWarps * kFp4SlotBytes)));
+    };
+    static_assert((fp4_bulk_smem_budget(2) - (kSmallRows * (kFp4TiledMaxK + 16) + kFp4TiledMaxK / 128 * kSmallRows * 4)) /
+                      (kFewWarps * kFp4SlotBytes) >= 2);
+    const int warps_n = few_warps_n(args.w.n, row_tiles);
+    const dim3 grid(static_cast<unsigned>(args.w.n / 16 / warps_n + (args.w.n / 16 % warps_n != 0)), static_cast<unsigned>(row_tiles));
+    static const bool smem_set = (set_max_dynamic_smem(few_rows_fp4_bulk_kernel<3>, fp4_bulk_smem_budget(3)),
+                                  set_max_dynamic_smem(few_rows_fp4_bulk_kernel<2>, fp4_bulk_smem_budget(2)), true);
+    (void)smem_set;
+    const int blocks = ring_for(3) >= 1 ? 3 : 2, ring = ring_for(blocks);
+    launch(blocks == 3 ? few_rows_fp4_bulk_kernel<3> : few_rows_fp4_bulk_kernel<2>, grid, dim3(kThreads),
+           static_cast<std::size_t>(fp4_bulk_layout(args.k, ring).bytes), stream, args, warps_n, ring);
+    return;
+  }
+  // weights in row order (gemm.h)
   if (args.k % 128 == 0) launch_few<FewFp4<true>, WeightFormat::kFp4>(args, row_tiles, stream);
   else launch_few<FewFp4<false>, WeightFormat::kFp4>(args, row_tiles, stream);
 }
@@ -945,20 +1138,35 @@ bool use_stream(GemmPath path) { return path == GemmPath::kStream; }
 
 }  // namespace
 
-void fp4_to_gpu_layout(void* data, std::int64_t rows, std::int64_t k, gpu_stream_t stream) {
-  check_k(k, "fp4_to_gpu_layout: the row length {} must be a positive multiple of 32");
+namespace {
+void fp4_row_layout(void* data, std::int64_t rows, std::int64_t k, bool to_gpu, gpu_stream_t stream) {
   const std::int64_t units = rows * ((k + 127) / 128);
-  if (units <= 0) return;
   launch(fp4_layout_kernel, dim3(static_cast<unsigned>((units + kThreads - 1) / kThreads)), dim3(kThreads), 0, stream,
-         static_cast<std::uint8_t*>(data), rows, k, true);
+         static_cast<std::uint8_t*>(data), rows, k, to_gpu);
+}
+void fp4_tile_order(void* data, void* scales, std::int64_t rows, std::int64_t k, bool to_tiled, gpu_stream_t stream) {
+  const std::int64_t smem = 16 * (k / 2 + k / 32);
+  static const bool smem_set = (set_max_dynamic_smem(fp4_tile_kernel, 16 * (kFp4TiledMaxK / 2 + kFp4TiledMaxK / 32)), true);
+  (void)smem_set;
+  launch(fp4_tile_kernel, dim3(static_cast<unsigned>(rows / 16)), dim3(kThreads), static_cast<std::size_t>(smem), stream,
+         static_cast<std::uint8_t*>(data), static_cast<std::uint8_t*>(scales), k, to_tiled);
+}
+}  // namespace
+
+void fp4_to_gpu_layout(void* data, void* scales, std::int64_t matrices, std::int64_t n, std::int64_t k, gpu_stream_t stream) {
+  check_k(k, "fp4_to_gpu_layout: the row length {} must be a positive multiple of 32");
+  const std::int64_t rows = matrices * n;
+  if (rows <= 0) return;
+  fp4_row_layout(data, rows, k, true, stream);
+  if (fp4_tiled(n, k)) fp4_tile_order(data, scales, rows, k, true, stream);
 }
 
-void fp4_from_gpu_layout(void* data, std::int64_t rows, std::int64_t k, gpu_stream_t stream) {
+void fp4_from_gpu_layout(void* data, void* scales, std::int64_t matrices, std::int64_t n, std::int64_t k, gpu_stream_t stream) {
   check_k(k, "fp4_from_gpu_layout: the row length {} must be a positive multiple of 32");
-  const std::int64_t units = rows * ((k + 127) / 128);
-  if (units <= 0) return;
-  launch(fp4_layout_kernel, dim3(static_cast<unsigned>((units + kThreads - 1) / kThreads)), dim3(kThreads), 0, stream,
-         static_cast<std::uint8_t*>(data), rows, k, false);
+  const std::int64_t rows = matrices * n;
+  if (rows <= 0) return;
+  if (fp4_tiled(n, k)) fp4_tile_order(data, scales, rows, k, false, stream);
+  fp4_row_layout(data, rows, k, false, stream);
 }
 
 bool gemm_library_supports(std::int64_t rows, const DeviceWeight& w, const GemmOutput& out) {

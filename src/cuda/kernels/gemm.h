@@ -25,8 +25,8 @@ namespace dsv4::gpu {
 enum class WeightFormat : std::int32_t {
   kBf16,   // bf16 [n][k]
   kFp8,    // e4m3 [n][k], fp32 scales [ceil(n/128)][ceil(k/128)] (UE8M0 values widened)
-  kFp4,    // packed e2m1 [n][k/2] in the GPU layout (fp4_to_gpu_layout; the checkpoint's low nibble
-           // is the even k), UE8M0 bytes [n][k/32]
+  kFp4,    // packed e2m1 [n][k/2] and UE8M0 bytes [n][k/32] in the GPU layout (fp4_to_gpu_layout;
+           // the checkpoint's low nibble is the even k)
 };
 
 // One weight matrix on the device, or `experts` of them stacked (expert e at data +
@@ -97,14 +97,22 @@ int expert_tile_rows(std::int64_t total_rows, std::int64_t experts);
 void quantize_activations(const std::uint16_t* x, std::int64_t ld, std::int64_t rows, std::int64_t k,
                           std::uint8_t* codes, float* scales, const std::int32_t* rows_dev, gpu_stream_t stream);
 
-// Puts fp4 weights uploaded in checkpoint order ([rows][k/2] packed e2m1) into the GPU layout the
-// products read, in place: each full 128-wide k unit of a row (64 bytes, 16 words; word 4s + t
-// holds k 32s + 8t .. 32s + 8t + 7) stored with word 4s + t at 4t + s, a tail of k % 128 keeping
-// its word order; inside every word, value j (of the word's 8) in the low nibble of byte j and
-// value j + 4 in its high nibble (the checkpoint packs values 2j, 2j + 1 into byte j). The scales
-// are not touched. fp4_from_gpu_layout converts back.
-void fp4_to_gpu_layout(void* data, std::int64_t rows, std::int64_t k, gpu_stream_t stream);
-void fp4_from_gpu_layout(void* data, std::int64_t rows, std::int64_t k, gpu_stream_t stream);
+// Puts `matrices` fp4 weights of n x k, uploaded in checkpoint order (packed e2m1 [n][k/2], UE8M0
+// [n][k/32], matrix after matrix), into the GPU layout the products read, in place:
+//  - Within a row: each full 128-wide k unit (64 bytes, 16 words; word 4s + t holds k 32s + 8t ..
+//    32s + 8t + 7) is stored with word 4s + t at 4t + s, a tail of k % 128 keeping its word order;
+//    inside every word, value j (of the word's 8) sits in the low nibble of byte j and value j + 4
+//    in its high nibble (the checkpoint packs values 2j, 2j + 1 into byte j).
+//  - Tiled (fp4_tiled: k a multiple of 128 up to kFp4TiledMaxK, n of 16): rows go in groups of 16,
+//    and a group's unit u is one 1,024-byte block (row r of the group at 64 r) after its units
+//    0 .. u - 1, so a warp's rows of several units are one contiguous copy; the scales likewise,
+//    the unit's four bytes of row r at 4 r of a 64-byte block. Otherwise the rows stay in order and
+//    the scales are not touched.
+// fp4_from_gpu_layout converts back.
+inline constexpr std::int64_t kFp4TiledMaxK = 8192;
+constexpr bool fp4_tiled(std::int64_t n, std::int64_t k) { return k % 128 == 0 && k <= kFp4TiledMaxK && n % 16 == 0; }
+void fp4_to_gpu_layout(void* data, void* scales, std::int64_t matrices, std::int64_t n, std::int64_t k, gpu_stream_t stream);
+void fp4_from_gpu_layout(void* data, void* scales, std::int64_t matrices, std::int64_t n, std::int64_t k, gpu_stream_t stream);
 
 // Whether cuBLASLt's block-scaled product (GemmPath::kLibrary) can run `rows` rows against `w`
 // into `out`: a dense fp8 weight with n a multiple of 128 and k of 512, bf16 output, 16-byte aligned, a
