@@ -598,7 +598,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) few_rows_fp4_bulk_kern
   __shared__ std::uint64_t landed[kFewWarps][kFp4RingMax];
   const RowTile tile = row_tile(blockIdx.y, kSmallRows, args.rows, args.rows_dev, args.tiles, args.experts);
   if (!tile.valid) return;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  // (the warp index broadcast from lane 0, so the compiler knows it and the copy addresses built on
+  // it warp-uniform: a bulk copy takes uniform operands)
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int wn = warp % warps_n, wk = warp / warps_n, k_split = kFewWarps / warps_n;
   const std::int64_t n_total = args.w.n, k = args.k;
   const int units = static_cast<int>(k / 128);
