@@ -133,18 +133,6 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const std::uint
         "f"(c[3]));
 }
 
-// As mma_m16n8k16_bf16 with f16 operands (the same fragments): what sm_90 runs the e4m3 shape
-// as, without the widening and the adds between its halves when the operands are f16 already.
-__device__ __forceinline__ void mma_m16n8k16_f16(float (&d)[4], const std::uint32_t (&a)[4],
-                                                 const std::uint32_t (&b)[2], const float (&c)[4]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
-        "f"(c[3]));
-}
-
 // Four 8x8 matrices of 16-bit values from shared memory into a warp's registers (ldmatrix):
 // lane l gives the address of row l % 8 of matrix l / 8 (16 contiguous bytes, 16-byte aligned).
 // Lane l receives in r[m] the 32-bit word at row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1 of
@@ -489,11 +477,6 @@ inline void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], const 
                               std::source_location loc = std::source_location::current()) {
   sim::mma_m16n8k16_bf16(d, a, b, c, loc);
 }
-inline void mma_m16n8k16_f16(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2],
-                              const float (&c)[4],
-                              std::source_location loc = std::source_location::current()) {
-  sim::mma_m16n8k16_f16(d, a, b, c, loc);
-}
 
 // ldmatrix through shuffles of the lanes' row addresses (the same rows and words as the device);
 // the lane is threadIdx.x % 32 (kernels that use it have 1-D blocks).
@@ -609,7 +592,14 @@ inline float bf16_bits_value(std::uint16_t bits) {
   std::memcpy(&v, &u, 4);
   return v;
 }
-inline float f16_bits_value(std::uint16_t bits) { return sim::f16_bits_to_float(bits); }
+inline float f16_bits_value(std::uint16_t bits) {
+  const unsigned exponent = (bits >> 10) & 31u, mantissa = bits & 1023u;
+  float magnitude;
+  if (exponent == 31u) magnitude = mantissa != 0 ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
+  else if (exponent == 0u) magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+  else magnitude = std::ldexp(static_cast<float>(1024u + mantissa), static_cast<int>(exponent) - 25);
+  return (bits & 0x8000u) != 0 ? -magnitude : magnitude;
+}
 // Value (r, k) of the e4m3 operand a descriptor describes (K-major, 16 values a core-matrix row).
 inline float wgmma_operand_e4m3(std::uint64_t desc, int r, int k) {
   const std::uint64_t start = (desc & 0x3FFFu) << 4, lbo = ((desc >> 16) & 0x3FFFu) << 4, sbo = ((desc >> 32) & 0x3FFFu) << 4;

@@ -12,7 +12,6 @@
 #include <limits>
 #include <random>
 #include <stdexcept>
-#include <string>
 #include <vector>
 
 #include "cuda/device.h"
@@ -343,9 +342,8 @@ __global__ void mma_e4m3_kernel(const std::uint8_t* A, const std::uint8_t* Bt, c
   d_tile[(g + 8) * 8 + 2 * t + 1] = d[3];
 }
 
-// As above for 16-bit patterns (bf16, or f16 when kF16): A 16x16, Bt 8x16.
-template <bool kF16>
-__global__ void mma_16bit_kernel(const std::uint16_t* A, const std::uint16_t* Bt, const float* C, float* D) {
+// As above for bf16 bit patterns: A 16x16, Bt 8x16.
+__global__ void mma_bf16_kernel(const std::uint16_t* A, const std::uint16_t* Bt, const float* C, float* D) {
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int g = lane >> 2, t = lane & 3;
   const std::uint16_t* a_tile = A + warp * 16 * 16;
@@ -358,8 +356,7 @@ __global__ void mma_16bit_kernel(const std::uint16_t* A, const std::uint16_t* Bt
   const std::uint32_t b[2] = {load_u16x2(b_tile + g * 16 + 2 * t), load_u16x2(b_tile + g * 16 + 8 + 2 * t)};
   float c[4] = {c_tile[g * 8 + 2 * t], c_tile[g * 8 + 2 * t + 1], c_tile[(g + 8) * 8 + 2 * t],
                 c_tile[(g + 8) * 8 + 2 * t + 1]};
-  if constexpr (kF16) gpu::mma_m16n8k16_f16(c, a, b, c);  // D may be C
-  else gpu::mma_m16n8k16_bf16(c, a, b, c);
+  gpu::mma_m16n8k16_bf16(c, a, b, c);  // D may be C
   d_tile[g * 8 + 2 * t] = c[0];
   d_tile[g * 8 + 2 * t + 1] = c[1];
   d_tile[(g + 8) * 8 + 2 * t] = c[2];
@@ -1005,52 +1002,31 @@ TEST(DeviceLanguage, MmaE4m3RandomCodes) {
       }
 }
 
-// f16 bits of x, which must be a normal f16 value (|x| in [2^-14, 65504]) with at most 11
-// significant bits, or zero.
-std::uint16_t f16_bits_exact(float x) {
-  if (x == 0.0f) return 0;
-  int e = 0;
-  const float m = std::frexp(std::fabs(x), &e);  // |x| = m 2^e, m in [0.5, 1)
-  const auto mantissa = static_cast<std::uint32_t>(std::ldexp(m, 11)) - 1024u;
-  return static_cast<std::uint16_t>((x < 0 ? 0x8000u : 0u) | (static_cast<std::uint32_t>(e + 14) << 10) | mantissa);
-}
-float f16_value(std::uint16_t bits) {
-  const int exponent = (bits >> 10) & 31;
-  const float magnitude = exponent == 0 ? std::ldexp(static_cast<float>(bits & 1023), -24)
-                                        : std::ldexp(static_cast<float>(1024 + (bits & 1023)), exponent - 25);
-  return (bits & 0x8000u) != 0 ? -magnitude : magnitude;
-}
-
-TEST(DeviceLanguage, Mma16BitSmallIntegersExactAndRandom) {
+TEST(DeviceLanguage, MmaBf16SmallIntegersExactAndRandom) {
   const int warps = 3;
   std::mt19937 rng(3);
-  for (bool f16 : {false, true})
   for (bool exact : {true, false}) {
-    SCOPED_TRACE(std::string(f16 ? "f16, " : "bf16, ") + (exact ? "small integers" : "random values"));
+    SCOPED_TRACE(exact ? "small integers" : "random normal values");
     std::uniform_int_distribution<int> small(-20, 20);
     std::normal_distribution<float> normal(0.0f, 3.0f);
-    std::uniform_int_distribution<int> f16_code(0x2400, 0x4dff);  // 2^-6 .. 23.98, either sign below
-    auto draw = [&]() -> std::uint16_t {
-      if (f16) return exact ? f16_bits_exact(static_cast<float>(small(rng))) : static_cast<std::uint16_t>(f16_code(rng) | (rng() & 1 ? 0x8000 : 0));
-      return dsv4::f32_to_bf16_bits(exact ? static_cast<float>(small(rng)) : normal(rng));
-    };
-    auto value = [&](std::uint16_t bits) { return f16 ? f16_value(bits) : dsv4::bf16_bits_to_f32(bits); };
+    auto draw = [&] { return exact ? static_cast<float>(small(rng)) : normal(rng); };
     std::vector<std::uint16_t> a(warps * 16 * 16), bt(warps * 8 * 16);
-    for (auto& v : a) v = draw();
-    for (auto& v : bt) v = draw();
+    for (auto& v : a) v = dsv4::f32_to_bf16_bits(draw());
+    for (auto& v : bt) v = dsv4::f32_to_bf16_bits(draw());
     std::vector<float> c(warps * 16 * 8);
     for (auto& v : c) v = exact ? static_cast<float>(small(rng)) : normal(rng);
     DeviceVector<std::uint16_t> d_a(a), d_bt(bt);
     DeviceVector<float> d_c(c), d_d(c.size());
-    gpu::launch(f16 ? mma_16bit_kernel<true> : mma_16bit_kernel<false>, dim3(1), dim3(32 * warps), 0,
-                test_stream().handle(), d_a.get(), d_bt.get(), d_c.get(), d_d.get());
+    gpu::launch(mma_bf16_kernel, dim3(1), dim3(32 * warps), 0, test_stream().handle(), d_a.get(), d_bt.get(),
+                d_c.get(), d_d.get());
     const auto d = d_d.to_host();
     for (int w = 0; w < warps; ++w)
       for (int m = 0; m < 16; ++m)
         for (int n = 0; n < 8; ++n) {
           double want = c[(w * 16 + m) * 8 + n], scale = std::fabs(want);
           for (int k = 0; k < 16; ++k) {
-            const double p = static_cast<double>(value(a[(w * 16 + m) * 16 + k])) * value(bt[(w * 8 + n) * 16 + k]);
+            const double p = static_cast<double>(dsv4::bf16_bits_to_f32(a[(w * 16 + m) * 16 + k])) *
+                             dsv4::bf16_bits_to_f32(bt[(w * 8 + n) * 16 + k]);
             want += p;
             scale += std::fabs(p);
           }

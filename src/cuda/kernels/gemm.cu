@@ -576,17 +576,16 @@ constexpr int kFp4SlotBytes = 1024 + 64;
 // with a ring of one unit were faster than two with five (docs/perf.md).
 constexpr std::int64_t fp4_bulk_smem_budget(int blocks) { return blocks == 3 ? 70 * 1024 : 108 * 1024; }
 
+// Where the bulk kernel's dynamic shared memory holds the activations (8 token rows), their scales
+// ([unit][8 tokens]) and the warps' rings of `ring` slots.
 struct Fp4BulkLayout {
-  std::int64_t x_stride, sa_offset, ring_offset;
-  int ring;
-  std::int64_t bytes;
+  std::int64_t x_stride = 0, sa_offset = 0, ring_offset = 0, bytes = 0;
 };
-__host__ __device__ inline Fp4BulkLayout fp4_bulk_layout(std::int64_t k, int ring) {
+__host__ __device__ constexpr Fp4BulkLayout fp4_bulk_layout(std::int64_t k, int ring) {
   Fp4BulkLayout s;
   s.x_stride = k + 16;
   s.sa_offset = kSmallRows * s.x_stride;
   s.ring_offset = (s.sa_offset + (k / 128) * kSmallRows * 4 + 127) / 128 * 128;
-  s.ring = ring;
   s.bytes = s.ring_offset + static_cast<std::int64_t>(kFewWarps) * ring * kFp4SlotBytes;
   return s;
 }
@@ -1077,10 +1076,10 @@ void launch_few_fp4(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t 
       return static_cast<int>(std::min<std::int64_t>(
           kFp4RingMax, (fp4_bulk_smem_budget(blocks) - fp4_bulk_layout(args.k, 0).bytes) / (kFewWarps * kFp4SlotBytes)));
     };
-    static_assert((fp4_bulk_smem_budget(2) - (kSmallRows * (kFp4TiledMaxK + 16) + kFp4TiledMaxK / 128 * kSmallRows * 4)) /
-                      (kFewWarps * kFp4SlotBytes) >= 2);
+    static_assert((fp4_bulk_smem_budget(2) - fp4_bulk_layout(kFp4TiledMaxK, 0).bytes) / (kFewWarps * kFp4SlotBytes) >= 2);
     const int warps_n = few_warps_n(args.w.n, row_tiles);
-    const dim3 grid(static_cast<unsigned>(args.w.n / 16 / warps_n + (args.w.n / 16 % warps_n != 0)), static_cast<unsigned>(row_tiles));
+    const std::int64_t groups = args.w.n / 16;
+    const dim3 grid(static_cast<unsigned>((groups + warps_n - 1) / warps_n), static_cast<unsigned>(row_tiles));
     static const bool smem_set = (set_max_dynamic_smem(few_rows_fp4_bulk_kernel<3>, fp4_bulk_smem_budget(3)),
                                   set_max_dynamic_smem(few_rows_fp4_bulk_kernel<2>, fp4_bulk_smem_budget(2)), true);
     (void)smem_set;
@@ -1138,9 +1137,6 @@ bool use_small(std::int64_t rows, std::int64_t n, GemmPath path) {
 // Dense fp8 weights: the weight-streaming kernel only when asked for (gemm.h GemmPath::kStream).
 bool use_stream(GemmPath path) { return path == GemmPath::kStream; }
 
-}  // namespace
-
-namespace {
 void fp4_row_layout(void* data, std::int64_t rows, std::int64_t k, bool to_gpu, gpu_stream_t stream) {
   const std::int64_t units = rows * ((k + 127) / 128);
   launch(fp4_layout_kernel, dim3(static_cast<unsigned>((units + kThreads - 1) / kThreads)), dim3(kThreads), 0, stream,
@@ -1153,6 +1149,7 @@ void fp4_tile_order(void* data, void* scales, std::int64_t rows, std::int64_t k,
   launch(fp4_tile_kernel, dim3(static_cast<unsigned>(rows / 16)), dim3(kThreads), static_cast<std::size_t>(smem), stream,
          static_cast<std::uint8_t*>(data), static_cast<std::uint8_t*>(scales), k, to_tiled);
 }
+
 }  // namespace
 
 void fp4_to_gpu_layout(void* data, void* scales, std::int64_t matrices, std::int64_t n, std::int64_t k, gpu_stream_t stream) {

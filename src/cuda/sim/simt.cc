@@ -1073,8 +1073,8 @@ float decode_e4m3(unsigned code) {
 float decode_bf16(unsigned bits) { return std::bit_cast<float>((bits & 0xffffu) << 16); }
 
 // Gathers A (16 x K, row-major), B (K x 8) and C (16 x 8) from the fragments, computes D and
-// scatters it. kElemsPerReg 4: m16n8k32 e4m3; 2: m16n8k16 with 16-bit elements (Decode: bf16 or f16).
-template <int K, int kElemsPerReg, float (*Decode)(unsigned)>
+// scatters it. kBytesPerElement 1: m16n8k32 e4m3; 2: m16n8k16 bf16.
+template <int K, int kElemsPerReg>
 void resolve_mma(Fiber* const* lanes, unsigned group) {
   if (group != kFullMask) {
     raise_error(fmt::format("{}: mma.sync needs all 32 lanes of the warp; lanes {:#010x} have exited",
@@ -1082,7 +1082,7 @@ void resolve_mma(Fiber* const* lanes, unsigned group) {
   }
   float A[16][K], B[K][8], C[16][8];
   constexpr int kBits = 32 / kElemsPerReg;
-  auto decode = [](unsigned code) { return Decode(code); };
+  auto decode = [](unsigned code) { return kElemsPerReg == 4 ? decode_e4m3(code) : decode_bf16(code); };
   for (unsigned lane = 0; lane < 32; ++lane) {
     const auto& r = *static_cast<MmaRecord*>(lanes[lane]->data);
     const int g = static_cast<int>(lane >> 2), t = static_cast<int>(lane & 3u);
@@ -1114,9 +1114,8 @@ void resolve_mma(Fiber* const* lanes, unsigned group) {
     for (int i = 0; i < 4; ++i) r.d[i] = D[g + (i >= 2 ? 8 : 0)][2 * t + (i & 1)];
   }
 }
-const Collective kMmaE4m3{"mma.sync.m16n8k32.e4m3", resolve_mma<32, 4, decode_e4m3>};
-const Collective kMmaBf16{"mma.sync.m16n8k16.bf16", resolve_mma<16, 2, decode_bf16>};
-const Collective kMmaF16{"mma.sync.m16n8k16.f16", resolve_mma<16, 2, f16_bits_to_float>};
+const Collective kMmaE4m3{"mma.sync.m16n8k32.e4m3", resolve_mma<32, 4>};
+const Collective kMmaBf16{"mma.sync.m16n8k16.bf16", resolve_mma<16, 2>};
 
 }  // namespace
 
@@ -1242,21 +1241,6 @@ void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], const std::ui
                        const Location& loc) {
   MmaRecord record{a, b, c, d};
   wait_warp(kMmaBf16, kFullMask, &record, loc);
-}
-
-float f16_bits_to_float(unsigned bits) {
-  const unsigned exponent = (bits >> 10) & 31u, mantissa = bits & 1023u;
-  float magnitude;
-  if (exponent == 31u) magnitude = mantissa != 0 ? std::numeric_limits<float>::quiet_NaN() : std::numeric_limits<float>::infinity();
-  else if (exponent == 0u) magnitude = std::ldexp(static_cast<float>(mantissa), -24);
-  else magnitude = std::ldexp(static_cast<float>(1024u + mantissa), static_cast<int>(exponent) - 25);
-  return (bits & 0x8000u) != 0 ? -magnitude : magnitude;
-}
-
-void mma_m16n8k16_f16(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2], const float (&c)[4],
-                      const Location& loc) {
-  MmaRecord record{a, b, c, d};
-  wait_warp(kMmaF16, kFullMask, &record, loc);
 }
 
 void cp_async_16(void* smem, const void* gmem, bool valid, const Location& loc) {

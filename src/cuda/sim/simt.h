@@ -120,10 +120,6 @@ void mma_m16n8k32_e4m3(float (&d)[4], const std::uint32_t (&a)[4], const std::ui
                        const float (&c)[4], const Location& loc);
 void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2],
                        const float (&c)[4], const Location& loc);
-void mma_m16n8k16_f16(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2],
-                      const float (&c)[4], const Location& loc);
-// The value of IEEE half bits (the low 16): subnormals, inf and NaN.
-float f16_bits_to_float(unsigned bits);
 // cp.async: the 16 source bytes are read at issue time and land in shared memory when the
 // issuing thread waits for their group (cp_async_wait), as late as the hardware may deliver them.
 void cp_async_16(void* smem, const void* gmem, bool valid, const Location& loc);
