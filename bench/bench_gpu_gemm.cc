@@ -141,6 +141,7 @@ int run(int argc, char** argv) {
       w.k = s.k;
       w.data = wdata.data();
       w.scale = s.format == WeightFormat::kBf16 ? nullptr : wscale.data();
+      if (s.format == WeightFormat::kFp4) w.fp4_scales_normal = gpu::fp4_scales_normal(wscale.data(), static_cast<std::int64_t>(wscale.size()), stream);
       const std::int64_t in_cols = s.k * s.groups;
       gpu::DeviceBuffer act(static_cast<std::size_t>(max_rows * in_cols * 2)), codes(static_cast<std::size_t>(max_rows * s.k)),
           ascales(static_cast<std::size_t>(max_rows * ((s.k + 127) / 128) * 4)), out(static_cast<std::size_t>(max_rows * s.n * 4));

@@ -89,6 +89,7 @@ std::int64_t expert_bytes(const Shape& s) {
 // gpu_weights.cc lays them out.
 struct WeightCopy {
   DeviceBuffer gate, w13, s13, w2, s2;
+  bool s13_normal = false, s2_normal = false;  // gemm.h fp4_scales_normal
 };
 
 // A plain step of `tokens` tokens on the device (ids and positions 0, rows 0..tokens-1): the MoE
@@ -181,6 +182,8 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
                         0x5eed0200 + static_cast<std::uint64_t>(c), st);
     gpu::fill_const_u8(w.s13.as<std::uint8_t>(), static_cast<std::int64_t>(w.s13.size()), kUe8m0One, st);
     gpu::fill_const_u8(w.s2.as<std::uint8_t>(), static_cast<std::int64_t>(w.s2.size()), kUe8m0One, st);
+    w.s13_normal = gpu::fp4_scales_normal(w.s13.data(), static_cast<std::int64_t>(w.s13.size()), stream);
+    w.s2_normal = gpu::fp4_scales_normal(w.s2.data(), static_cast<std::int64_t>(w.s2.size()), stream);
   }
   stream.synchronize();
   fmt::print("{} (E {}, top {}, hidden {}, width {}): {} copies of the gate and experts ({:.1f} GB each) in turn\n\n",
@@ -209,6 +212,7 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
     d.scale = w.s13.data();
     d.expert_stride = I * D;  // 2I rows of D/2 bytes
     d.scale_stride = 2 * I * D / 32;
+    d.fp4_scales_normal = w.s13_normal;
     return d;
   };
   auto w2_of = [&](int c) {
@@ -221,6 +225,7 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
     d.scale = w.s2.data();
     d.expert_stride = D * I / 2;
     d.scale_stride = D * I / 32;
+    d.fp4_scales_normal = w.s2_normal;
     return d;
   };
 

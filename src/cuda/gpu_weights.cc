@@ -493,17 +493,20 @@ void check_supported(const ModelConfig& c) {
 }
 
 // The routed experts' fp4 weights arrive in checkpoint order; the products read the GPU layout
-// (gemm.h fp4_to_gpu_layout). Run once the uploads are done.
+// (gemm.h fp4_to_gpu_layout). Also notes whether their scale bytes are all plain exponents (gemm.h
+// fp4_scales_normal). Run once the uploads are done.
 void fp4_experts_to_gpu_layout(const ModelConfig& config, GpuModelWeights& m) {
   Stream stream;
-  auto convert = [&](const GpuBlockWeights& b) {
-    for (const DeviceWeight* w : {&b.experts_w13, &b.experts_w2})
-      if (w->format == WeightFormat::kFp4 && w->data != nullptr)
+  auto convert = [&](GpuBlockWeights& b) {
+    for (DeviceWeight* w : {&b.experts_w13, &b.experts_w2})
+      if (w->format == WeightFormat::kFp4 && w->data != nullptr) {
         fp4_to_gpu_layout(const_cast<void*>(w->data), const_cast<void*>(w->scale), config.n_routed_experts, w->n, w->k,
                           stream.handle());
+        w->fp4_scales_normal = fp4_scales_normal(w->scale, config.n_routed_experts * w->n * (w->k / 32), stream);
+      }
   };
-  for (const GpuBlockWeights& b : m.blocks) convert(b);
-  for (const GpuMtpWeights& t : m.mtp) convert(t.block);
+  for (GpuBlockWeights& b : m.blocks) convert(b);
+  for (GpuMtpWeights& t : m.mtp) convert(t.block);
   stream.synchronize();
 }
 

@@ -330,8 +330,10 @@ DevWeight upload_experts(const std::vector<const TestWeight*>& experts) {
   d.w.expert_stride = static_cast<std::int64_t>(f.data.size());
   d.w.scale_stride = static_cast<std::int64_t>(f.format == gpu::WeightFormat::kFp8 ? f.scales_f32.size() : f.scales_u8.size());
   // fp4 products read the GPU layout, as the executor's weights are stored (gemm.h).
-  if (f.format == gpu::WeightFormat::kFp4)
+  if (f.format == gpu::WeightFormat::kFp4) {
     gpu::fp4_to_gpu_layout(d.data.get(), d.scales_u8.get(), static_cast<std::int64_t>(experts.size()), f.n, f.k, st());
+    d.w.fp4_scales_normal = gpu::fp4_scales_normal(d.scales_u8.get(), static_cast<std::int64_t>(s8.size()), stream());
+  }
   return d;
 }
 

@@ -361,7 +361,8 @@ TEST(GpuOps, GemmFewRowsShapes) {
                                    {{33800, 32}, "8 x 1 warps"},
                                    {{40, 4256}, "34 units over 8 warps, a tail"},
                                    {{24, 8192}, "64 units over 8 warps"},
-                                   {{32, 8192}, "8 units a warp (fp4, tiled: two passes of the bulk kernel's ring)"},
+                                   {{32, 8192}, "8 units a warp (fp4, tiled: two passes of the bulk kernel's ring of two-unit slots)"},
+                                   {{32, 4224}, "4 or 5 units a warp (fp4, tiled: two-unit slots, a last slot of one)"},
                                    {{32, 7168}, "7 units a warp (fp4, tiled: the bulk kernel with a ring of one unit)"}};
   for (WeightFormat f : {WeightFormat::kFp8, WeightFormat::kFp4}) {
     for (const Case& c : cases) {
@@ -407,6 +408,70 @@ TEST(GpuOps, GemmFewRowsShapes) {
       }
       sweep.flush(small() && sh.n > 1000 ? "rows 1" : "rows 1,8,9,17");
     }
+  }
+}
+
+// UE8M0 scale bytes 0 (2^-127) and 255 (NaN) do not occur in real checkpoints. The fp4 few-rows
+// products decode scale bytes as plain exponents when the weight was checked free of them (gemm.h
+// fp4_scales_normal) and take an exact path otherwise. Tiled (the bulk kernel) and untiled shapes,
+// fp32 output against the exact (double) sums; no absolute floor, so a 2^-127 row read as 0 fails.
+TEST(GpuOps, GemmFp4SpecialScales) {
+  for (const GemmShape& sh : {GemmShape{32, 512}, GemmShape{48, 96}}) {
+    std::mt19937_64 rng(seed_of({29, sh.n, sh.k}));
+    const TestWeight tw = make_weight(WeightFormat::kFp4, sh.n, sh.k, 0.05f, rng);
+    const std::int64_t rows = 3, kb = sh.k / 32;
+    const std::string shape = fmt::format("fp4 few-rows rows {} n {} k {}", rows, sh.n, sh.k);
+    std::vector<float> x = bf16_activations(static_cast<std::size_t>(rows * sh.k), 1.0f, rng);
+    DevArray<std::uint16_t> dx(to_bf16(x));
+    DevArray<std::uint8_t> codes(static_cast<std::size_t>(rows * sh.k));
+    DevArray<float> scales(static_cast<std::size_t>(rows * ((sh.k + 127) / 128)));
+    gpu::quantize_activations(dx.get(), sh.k, rows, sh.k, codes.get(), scales.get(), nullptr, st());
+    const gpu::QuantizedRows qa{codes.get(), scales.get(), sh.k};
+    const auto product = [&](const gpu::DeviceWeight& w) {
+      DevArray<float> out(static_cast<std::size_t>(rows * sh.n));
+      gpu::gemm_quantized(qa, rows, w, gpu::GemmOutput{out.get(), sh.n, true}, nullptr, st(), GemmPath::kFewRows);
+      return out.download();
+    };
+
+    // Plain scales: the check says so, and both decodings give the same bits.
+    DevWeight gw = upload_weight(tw);
+    EXPECT_TRUE(gw.w.fp4_scales_normal) << shape;
+    const std::vector<float> fast = product(gw.w);
+    gw.w.fp4_scales_normal = false;
+    const std::vector<float> checked = product(gw.w);
+    EXPECT_EQ(std::memcmp(fast.data(), checked.data(), fast.size() * sizeof(float)), 0) << shape << ": the decodings differ";
+
+    // Row 1: every byte 0; row 6: block 1 is 255 (its outputs NaN); row 11: block 0 is 0.
+    TestWeight ts = tw;
+    // (the values of the 0 bytes from the CPU decoding; row 6 is only checked to be NaN)
+    for (std::int64_t b = 0; b < kb; ++b) ts.scales_u8[static_cast<std::size_t>(kb + b)] = 0;
+    ts.scales_u8[static_cast<std::size_t>(11 * kb)] = 0;
+    dequantize_weight_fp4_1x32(ts.data.data(), ts.scales_u8.data(), static_cast<std::size_t>(sh.n), static_cast<std::size_t>(sh.k),
+                               ts.values.data());
+    ts.scales_u8[static_cast<std::size_t>(6 * kb + 1)] = 0xff;
+    const DevWeight gs = upload_weight(ts);
+    EXPECT_FALSE(gs.w.fp4_scales_normal) << shape;
+    const std::vector<float> got = product(gs.w);
+    std::int64_t bad = 0;
+    std::string first;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      std::vector<float> xs(x.begin() + r * sh.k, x.begin() + (r + 1) * sh.k);
+      fp8_simulate_activation(xs);
+      for (std::int64_t o = 0; o < sh.n; ++o) {
+        double m = 0, e = 0;
+        for (std::int64_t c = 0; c < sh.k; ++c) {
+          const double p = static_cast<double>(xs[static_cast<std::size_t>(c)]) * ts.values[static_cast<std::size_t>(o * sh.k + c)];
+          m += std::fabs(p);
+          e += p;
+        }
+        const float g = got[static_cast<std::size_t>(r * sh.n + o)];
+        const bool ok = o == 6 ? std::isnan(g) : std::fabs(static_cast<double>(g) - e) <= 1e-3 * m && (e == 0) == (g == 0.0f);
+        if (!ok && bad++ == 0) first = fmt::format("row {} output {}: got {} expected {}", r, o, g, e);
+      }
+    }
+    EXPECT_EQ(bad, 0) << shape << ": " << first;
+    report_line("gemm_quantized (fp4 scales)", shape, "-", "-", fmt::format("{} bad", bad),
+                "bytes 0 / 255 exact; plain decoding bit-identical");
   }
 }
 

@@ -140,6 +140,16 @@ __global__ void fp4_tile_kernel(std::uint8_t* data, std::uint8_t* scales, std::i
   }
 }
 
+// Sets *found to 1 when a byte of the `bytes` at s is 0 or 255 (16 bytes a thread a step).
+__global__ void find_special_scales_kernel(const std::uint8_t* s, std::int64_t bytes, std::int32_t* found) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i * 16 < bytes; i += stride) {
+    bool special = false;
+    for (std::int64_t j = i * 16; j < i * 16 + 16 && j < bytes; ++j) special = special || s[j] == 0 || s[j] == 0xff;
+    if (special) atomicOr(found, 1);
+  }
+}
+
 // ---- shared pieces ------------------------------------------------------------------------------
 struct RowTile {
   std::int64_t first = 0;  // first output row of the tile (dense: m0; experts: permuted row)
@@ -416,10 +426,12 @@ struct FewFp4 {
     r.sa0 = l.sa0[unit];
     r.sa1 = l.sa1[unit];
   }
+  // kNormalScales: every scale byte of the weight is 1..254 (DeviceWeight::fp4_scales_normal)
+  template <bool kNormalScales = false>
   static __device__ __forceinline__ void accumulate(const Regs& r, float (&acc)[4]) {
     float ws_lo[4], ws_hi[4];
-    ue8m0x4_values(r.s_lo, ws_lo);
-    ue8m0x4_values(r.s_hi, ws_hi);
+    ue8m0x4_values<kNormalScales>(r.s_lo, ws_lo);
+    ue8m0x4_values<kNormalScales>(r.s_hi, ws_hi);
     // sum over the unit's blocks of product * weight scale, then times the activation scale: both
     // scales are powers of two, so this rounds as product * (activation scale * weight scale)
     float unit[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -560,38 +572,43 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(SmallArgs args, i
 // The products of few_rows_kernel<FewFp4<true>> (the same fragments, sums and rounding, so the
 // same bits) for weights in the tiled layout (gemm.h fp4_tiled: a warp's 16 rows of a unit are one
 // 1,024-byte block, its scales one of 64 bytes). How the bytes arrive:
-//  - Weights: each warp keeps a ring of unit slots; one lane fills a slot with two bulk copies
-//    (cp.async.bulk: the unit's block and its scale block) counted on the slot's mbarrier, so a
-//    wait for a slot waits for exactly that unit. Register prefetch (few_rows_kernel) put several
-//    units' loads on shared scoreboards, so a unit's first use also waited for loads issued after
-//    it (ncu: 45% of the stall samples there, docs/perf.md).
+//  - Weights: each warp keeps a ring of slots of one or two units (kSlotUnits); one lane fills a
+//    slot with two bulk copies (cp.async.bulk: the units' blocks, then their scale blocks, which
+//    the tiled layout keeps contiguous) counted on the slot's mbarrier, so a wait for a slot waits
+//    for exactly those units. Register prefetch (few_rows_kernel) put several units' loads on
+//    shared scoreboards, so a unit's first use also waited for loads issued after it (ncu: 45% of
+//    the stall samples there, docs/perf.md). Two units a slot halve the waits, warp syncs and
+//    copy issues per unit.
 //  - Activations: the tile's tokens (e4m3 codes) and their scales go into shared memory once per
 //    CTA. The codes of a unit are stored so that a lane's 32 bytes (k 32 s + 8 t .. + 7, s = 0..3)
 //    are adjacent, and rows are k + 16 bytes apart, so the two 16-byte reads of 8 lanes (two tokens
 //    x four t) hit distinct banks.
-constexpr int kFp4RingMax = 8;
-constexpr int kFp4SlotBytes = 1024 + 64;
+//  - kNormalScales: every scale byte of the weight is 1..254 (DeviceWeight::fp4_scales_normal,
+//    checked once at upload), so the per-unit test for bytes 0 and 255 is left out.
+constexpr int kFp4RingMax = 8;  // slots a warp
+constexpr int kFp4UnitBytes = 1024 + 64;
 // Dynamic shared memory a CTA may take so that `blocks` of them fit on an SM beside their static
 // arrays (228 KB an SM, 1 KB of it reserved per CTA). More CTAs an SM beat a deeper ring: three
 // with a ring of one unit were faster than two with five (docs/perf.md).
 constexpr std::int64_t fp4_bulk_smem_budget(int blocks) { return blocks == 3 ? 70 * 1024 : 108 * 1024; }
 
 // Where the bulk kernel's dynamic shared memory holds the activations (8 token rows), their scales
-// ([unit][8 tokens]) and the warps' rings of `ring` slots.
+// ([unit][8 tokens]) and the warps' rings of `ring` slots of `slot_units` units.
 struct Fp4BulkLayout {
   std::int64_t x_stride = 0, sa_offset = 0, ring_offset = 0, bytes = 0;
 };
-__host__ __device__ constexpr Fp4BulkLayout fp4_bulk_layout(std::int64_t k, int ring) {
+__host__ __device__ constexpr Fp4BulkLayout fp4_bulk_layout(std::int64_t k, int ring, int slot_units) {
   Fp4BulkLayout s;
   s.x_stride = k + 16;
   s.sa_offset = kSmallRows * s.x_stride;
   s.ring_offset = (s.sa_offset + (k / 128) * kSmallRows * 4 + 127) / 128 * 128;
-  s.bytes = s.ring_offset + static_cast<std::int64_t>(kFewWarps) * ring * kFp4SlotBytes;
+  s.bytes = s.ring_offset + static_cast<std::int64_t>(kFewWarps) * ring * slot_units * kFp4UnitBytes;
   return s;
 }
 
-template <int kBlocksPerSm>
+template <int kBlocksPerSm, int kSlotUnits, bool kNormalScales>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) few_rows_fp4_bulk_kernel(SmallArgs args, int warps_n, int ring) {
+  constexpr int kSlotBytes = kSlotUnits * kFp4UnitBytes;  // the units' weight blocks, then their scale blocks
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
   __shared__ float partial[kFewWarps][32][4];
   __shared__ std::uint64_t landed[kFewWarps][kFp4RingMax];
@@ -606,24 +623,25 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) few_rows_fp4_bulk_kern
   const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * warps_n + wn) * 16;  // the warp's first weight row
   const bool active = n0 < n_total;  // (n is a multiple of 16: all 16 rows exist)
   const int u_begin = units * wk / k_split, u_end = units * (wk + 1) / k_split;
-  const Fp4BulkLayout lay = fp4_bulk_layout(k, ring);
+  const Fp4BulkLayout lay = fp4_bulk_layout(k, ring, kSlotUnits);
   std::uint8_t* xs = smem;
   float* sas = reinterpret_cast<float*>(smem + lay.sa_offset);
-  std::uint8_t* slots = smem + lay.ring_offset + static_cast<std::int64_t>(warp) * ring * kFp4SlotBytes;
+  std::uint8_t* slots = smem + lay.ring_offset + static_cast<std::int64_t>(warp) * ring * kSlotBytes;
 
   // The warp's blocks: unit u of its row group at w_src + 1024 u, the unit's scales at s_src + 64 u.
   const std::int64_t first_block = (n0 / 16) * units;
   const auto* w_src = static_cast<const std::uint8_t*>(args.w.data) + static_cast<std::int64_t>(tile.expert) * args.w.expert_stride + first_block * 1024;
   const auto* s_src = static_cast<const std::uint8_t*>(args.w.scale) + static_cast<std::int64_t>(tile.expert) * args.w.scale_stride + first_block * 64;
-  const auto issue = [&](int u, int slot) {  // by lane 0
-    std::uint8_t* to = slots + slot * kFp4SlotBytes;
-    mbarrier_arrive_expect_tx(&landed[warp][slot], kFp4SlotBytes);
-    bulk_copy_to_shared(to, w_src + static_cast<std::int64_t>(u) * 1024, 1024u, &landed[warp][slot]);
-    bulk_copy_to_shared(to + 1024, s_src + static_cast<std::int64_t>(u) * 64, 64u, &landed[warp][slot]);
+  const auto issue = [&](int u, int slot) {  // by lane 0: units u .. u + kSlotUnits - 1 that are before u_end
+    const unsigned count = static_cast<unsigned>(u_end - u < kSlotUnits ? u_end - u : kSlotUnits);
+    std::uint8_t* to = slots + slot * kSlotBytes;
+    mbarrier_arrive_expect_tx(&landed[warp][slot], count * kFp4UnitBytes);
+    bulk_copy_to_shared(to, w_src + static_cast<std::int64_t>(u) * 1024, 1024u * count, &landed[warp][slot]);
+    bulk_copy_to_shared(to + kSlotUnits * 1024, s_src + static_cast<std::int64_t>(u) * 64, 64u * count, &landed[warp][slot]);
   };
   if (active && lane == 0) {
     for (int r = 0; r < ring; ++r) mbarrier_init(&landed[warp][r], 1);
-    for (int i = 0; i < ring && u_begin + i < u_end; ++i) issue(u_begin + i, i);
+    for (int i = 0; i < ring && u_begin + i * kSlotUnits < u_end; ++i) issue(u_begin + i * kSlotUnits, i);
   }
 
   // The tile's activations, while the first units are in flight: tokens m < count, 16 bytes a step
@@ -651,26 +669,32 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) few_rows_fp4_bulk_kern
     const std::uint8_t* x_lane = xs + (g < m_last ? g : m_last) * lay.x_stride + 32 * t;
     int slot = 0;
     unsigned phase = 0;
-    for (int u = u_begin; u < u_end; ++u) {
+    for (int u = u_begin; u < u_end; u += kSlotUnits) {
       mbarrier_wait(&landed[warp][slot], phase);
-      const std::uint8_t* sl = slots + slot * kFp4SlotBytes;
-      FewFp4<true>::Regs r;
-      r.w_lo = *reinterpret_cast<const uint4*>(sl + 64 * g + 16 * t);
-      r.w_hi = *reinterpret_cast<const uint4*>(sl + 64 * (g + 8) + 16 * t);
-      r.s_lo = *reinterpret_cast<const std::uint32_t*>(sl + 1024 + 4 * g);
-      r.s_hi = *reinterpret_cast<const std::uint32_t*>(sl + 1024 + 4 * (g + 8));
-      const uint4 x01 = *reinterpret_cast<const uint4*>(x_lane + u * 128);
-      const uint4 x23 = *reinterpret_cast<const uint4*>(x_lane + u * 128 + 16);
-      r.x[0] = make_uint2(x01.x, x01.y);
-      r.x[1] = make_uint2(x01.z, x01.w);
-      r.x[2] = make_uint2(x23.x, x23.y);
-      r.x[3] = make_uint2(x23.z, x23.w);
-      const float2 sa = *reinterpret_cast<const float2*>(sas + u * kSmallRows + 2 * t);
-      r.sa0 = sa.x;
-      r.sa1 = sa.y;
-      FewFp4<true>::accumulate(r, acc);
+      const std::uint8_t* sl = slots + slot * kSlotBytes;
+      DSV4_UNROLL
+      for (int j = 0; j < kSlotUnits; ++j) {
+        if (j > 0 && u + j >= u_end) break;  // (a last slot of one unit)
+        const std::uint8_t* wj = sl + 1024 * j;
+        const std::uint8_t* sj = sl + kSlotUnits * 1024 + 64 * j;
+        FewFp4<true>::Regs r;
+        r.w_lo = *reinterpret_cast<const uint4*>(wj + 64 * g + 16 * t);
+        r.w_hi = *reinterpret_cast<const uint4*>(wj + 64 * (g + 8) + 16 * t);
+        r.s_lo = *reinterpret_cast<const std::uint32_t*>(sj + 4 * g);
+        r.s_hi = *reinterpret_cast<const std::uint32_t*>(sj + 4 * (g + 8));
+        const uint4 x01 = *reinterpret_cast<const uint4*>(x_lane + (u + j) * 128);
+        const uint4 x23 = *reinterpret_cast<const uint4*>(x_lane + (u + j) * 128 + 16);
+        r.x[0] = make_uint2(x01.x, x01.y);
+        r.x[1] = make_uint2(x01.z, x01.w);
+        r.x[2] = make_uint2(x23.x, x23.y);
+        r.x[3] = make_uint2(x23.z, x23.w);
+        const float2 sa = *reinterpret_cast<const float2*>(sas + (u + j) * kSmallRows + 2 * t);
+        r.sa0 = sa.x;
+        r.sa1 = sa.y;
+        FewFp4<true>::accumulate<kNormalScales>(r, acc);
+      }
       __syncwarp();  // every lane has used the slot: it may be refilled
-      if (lane == 0 && u + ring < u_end) issue(u + ring, slot);
+      if (lane == 0 && u + ring * kSlotUnits < u_end) issue(u + ring * kSlotUnits, slot);
       if (++slot == ring) {
         slot = 0;
         phase ^= 1u;
@@ -1068,24 +1092,44 @@ void launch_few_fp8(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t 
   else launch_few<FewFp8<false>, WeightFormat::kFp8>(args, row_tiles, stream);
 }
 
+// The bulk-copy kernel (tiled fp4 weights): three CTAs an SM where a ring of one unit still fits
+// beside the activations, else two (two slots of two units at kFp4TiledMaxK). Slots of two units
+// where two of them fit, so a warp still has a slot in flight while it works on the other; each
+// ring as deep as fits.
+template <int kBlocksPerSm, int kSlotUnits, bool kNormalScales>
+void launch_fp4_bulk(const SmallArgs& args, dim3 grid, int warps_n, int ring, gpu_stream_t stream) {
+  static const bool smem_set = (set_max_dynamic_smem(few_rows_fp4_bulk_kernel<kBlocksPerSm, kSlotUnits, kNormalScales>,
+                                                     fp4_bulk_smem_budget(kBlocksPerSm)),
+                                true);
+  (void)smem_set;
+  launch(few_rows_fp4_bulk_kernel<kBlocksPerSm, kSlotUnits, kNormalScales>, grid, dim3(kThreads),
+         static_cast<std::size_t>(fp4_bulk_layout(args.k, ring, kSlotUnits).bytes), stream, args, warps_n, ring);
+}
+
+template <int kBlocksPerSm, int kSlotUnits>
+void launch_fp4_bulk(const SmallArgs& args, dim3 grid, int warps_n, int ring, gpu_stream_t stream) {
+  if (args.w.fp4_scales_normal) launch_fp4_bulk<kBlocksPerSm, kSlotUnits, true>(args, grid, warps_n, ring, stream);
+  else launch_fp4_bulk<kBlocksPerSm, kSlotUnits, false>(args, grid, warps_n, ring, stream);
+}
+
+void launch_few_fp4_bulk(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t stream) {
+  const auto slots_for = [&](int blocks, int slot_units) {
+    return static_cast<int>(std::min<std::int64_t>(
+        kFp4RingMax, (fp4_bulk_smem_budget(blocks) - fp4_bulk_layout(args.k, 0, 1).bytes) / (kFewWarps * slot_units * kFp4UnitBytes)));
+  };
+  // (two CTAs always fit two slots of two units)
+  static_assert((fp4_bulk_smem_budget(2) - fp4_bulk_layout(kFp4TiledMaxK, 0, 1).bytes) / (kFewWarps * 2 * kFp4UnitBytes) >= 2);
+  const int warps_n = few_warps_n(args.w.n, row_tiles);
+  const std::int64_t groups = args.w.n / 16;
+  const dim3 grid(static_cast<unsigned>((groups + warps_n - 1) / warps_n), static_cast<unsigned>(row_tiles));
+  if (slots_for(3, 1) < 1) launch_fp4_bulk<2, 2>(args, grid, warps_n, slots_for(2, 2), stream);
+  else if (slots_for(3, 2) >= 2) launch_fp4_bulk<3, 2>(args, grid, warps_n, slots_for(3, 2), stream);
+  else launch_fp4_bulk<3, 1>(args, grid, warps_n, slots_for(3, 1), stream);
+}
+
 void launch_few_fp4(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t stream) {
   if (fp4_tiled(args.w.n, args.k)) {
-    // the bulk-copy kernel: three CTAs an SM where a ring of one unit still fits beside the
-    // activations, else two (a ring of 4 units at kFp4TiledMaxK); each as deep a ring as fits
-    const auto ring_for = [&](int blocks) {
-      return static_cast<int>(std::min<std::int64_t>(
-          kFp4RingMax, (fp4_bulk_smem_budget(blocks) - fp4_bulk_layout(args.k, 0).bytes) / (kFewWarps * kFp4SlotBytes)));
-    };
-    static_assert((fp4_bulk_smem_budget(2) - fp4_bulk_layout(kFp4TiledMaxK, 0).bytes) / (kFewWarps * kFp4SlotBytes) >= 2);
-    const int warps_n = few_warps_n(args.w.n, row_tiles);
-    const std::int64_t groups = args.w.n / 16;
-    const dim3 grid(static_cast<unsigned>((groups + warps_n - 1) / warps_n), static_cast<unsigned>(row_tiles));
-    static const bool smem_set = (set_max_dynamic_smem(few_rows_fp4_bulk_kernel<3>, fp4_bulk_smem_budget(3)),
-                                  set_max_dynamic_smem(few_rows_fp4_bulk_kernel<2>, fp4_bulk_smem_budget(2)), true);
-    (void)smem_set;
-    const int blocks = ring_for(3) >= 1 ? 3 : 2, ring = ring_for(blocks);
-    launch(blocks == 3 ? few_rows_fp4_bulk_kernel<3> : few_rows_fp4_bulk_kernel<2>, grid, dim3(kThreads),
-           static_cast<std::size_t>(fp4_bulk_layout(args.k, ring).bytes), stream, args, warps_n, ring);
+    launch_few_fp4_bulk(args, row_tiles, stream);
     return;
   }
   // weights in row order (gemm.h)
@@ -1166,6 +1210,19 @@ void fp4_from_gpu_layout(void* data, void* scales, std::int64_t matrices, std::i
   if (rows <= 0) return;
   if (fp4_tiled(n, k)) fp4_tile_order(data, scales, rows, k, false, stream);
   fp4_row_layout(data, rows, k, false, stream);
+}
+
+bool fp4_scales_normal(const void* scales, std::int64_t bytes, Stream& stream) {
+  if (bytes <= 0) return true;
+  DeviceBuffer found(sizeof(std::int32_t));
+  fill_bytes(found.data(), 0, sizeof(std::int32_t), stream);
+  const std::int64_t blocks = std::min<std::int64_t>(1024, (bytes + 16 * kThreads - 1) / (16 * kThreads));
+  launch(find_special_scales_kernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream.handle(),
+         static_cast<const std::uint8_t*>(scales), bytes, found.as<std::int32_t>());
+  std::int32_t host = 0;
+  copy_to_host(&host, found.data(), sizeof(host), stream);
+  stream.synchronize();
+  return host == 0;
 }
 
 bool gemm_library_supports(std::int64_t rows, const DeviceWeight& w, const GemmOutput& out) {

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/runtime.h"
 #include "cuda/stream_handle.h"
 
 namespace dsv4::gpu {
@@ -38,6 +39,10 @@ struct DeviceWeight {
   const void* scale = nullptr;  // kFp8: const float*; kFp4: const uint8_t*; kBf16: null
   std::int64_t expert_stride = 0;  // bytes between stacked experts' data
   std::int64_t scale_stride = 0;   // elements (fp32 or bytes) between stacked experts' scales
+  // kFp4: every UE8M0 scale byte is 1..254 (fp4_scales_normal), so the products decode the bytes
+  // as plain fp32 exponent fields, without testing for 0 (2^-127) and 255 (NaN) per unit. Set it
+  // only from that check; false is always correct.
+  bool fp4_scales_normal = false;
 };
 
 // bf16 activations quantized for an fp8/fp4 GEMM: codes [rows][k] e4m3, scales [rows][ceil(k/128)].
@@ -113,6 +118,9 @@ inline constexpr std::int64_t kFp4TiledMaxK = 8192;
 constexpr bool fp4_tiled(std::int64_t n, std::int64_t k) { return k % 128 == 0 && k <= kFp4TiledMaxK && n % 16 == 0; }
 void fp4_to_gpu_layout(void* data, void* scales, std::int64_t matrices, std::int64_t n, std::int64_t k, gpu_stream_t stream);
 void fp4_from_gpu_layout(void* data, void* scales, std::int64_t matrices, std::int64_t n, std::int64_t k, gpu_stream_t stream);
+// Whether all `bytes` UE8M0 scale bytes at `scales` (device memory) are 1..254 (for
+// DeviceWeight::fp4_scales_normal). Waits for the stream.
+bool fp4_scales_normal(const void* scales, std::int64_t bytes, Stream& stream);
 
 // Whether cuBLASLt's block-scaled product (GemmPath::kLibrary) can run `rows` rows against `w`
 // into `out`: a dense fp8 weight with n a multiple of 128 and k of 512, bf16 output, 16-byte aligned, a

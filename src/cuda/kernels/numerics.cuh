@@ -149,17 +149,21 @@ __device__ __forceinline__ std::uint32_t e2m1_high_nibbles_as_e4m3(std::uint32_t
 
 // The values of the four UE8M0 bytes of a word (byte s -> scale[s]). Bytes 1..254 are exact
 // exponent fields; 0 (2^-127, a subnormal) and 255 (NaN) take ue8m0_value, in a branch that
-// real checkpoints never enter.
+// real checkpoints never enter. kNormalOnly: the caller knows every byte is 1..254 (a weight
+// checked once by fp4_scales_normal), so the test is left out.
+template <bool kNormalOnly = false>
 __device__ __forceinline__ void ue8m0x4_values(std::uint32_t word, float (&scale)[4]) {
   scale[0] = __uint_as_float((word << 23) & 0x7f800000u);
   scale[1] = __uint_as_float((word << 15) & 0x7f800000u);
   scale[2] = __uint_as_float((word << 7) & 0x7f800000u);
   scale[3] = __uint_as_float((word >> 1) & 0x7f800000u);
-  const std::uint32_t zero_byte = (word - 0x01010101u) & ~word & 0x80808080u;
-  const std::uint32_t ff_byte = (~word - 0x01010101u) & word & 0x80808080u;
-  if ((zero_byte | ff_byte) != 0) {
-    DSV4_UNROLL
-    for (int s = 0; s < 4; ++s) scale[s] = ue8m0_value(static_cast<std::uint8_t>(word >> (8 * s)));
+  if constexpr (!kNormalOnly) {
+    const std::uint32_t zero_byte = (word - 0x01010101u) & ~word & 0x80808080u;
+    const std::uint32_t ff_byte = (~word - 0x01010101u) & word & 0x80808080u;
+    if ((zero_byte | ff_byte) != 0) {
+      DSV4_UNROLL
+      for (int s = 0; s < 4; ++s) scale[s] = ue8m0_value(static_cast<std::uint8_t>(word >> (8 * s)));
+    }
   }
 }
 
