@@ -1,8 +1,9 @@
 // Routed-MoE layer benchmark at V4-Flash (256 experts, top 6, hidden 4096, expert width 2048) and
 // V4-Pro (384, top 6, hidden 7168, width 3072) shapes with fp4 experts: the executor's routed path
 // (cuda_executor.cc ffn_layer without hc_pre, the shared expert and hc_post) --
-//   gate GEMM (bf16, fp32 logits) -> moe_route (score routing with a bias) -> quantize_activations
-//   -> moe_permute -> gemm_quantized_experts (stacked w1|w3) -> swiglu_quantize
+//   gate GEMM (bf16, fp32 logits; at decode its k split over CTAs into partials) -> moe_route (score
+//   routing with a bias, adding the partials) -> moe_permute -> quantize_activations
+//   -> gemm_quantized_experts (stacked w1|w3) -> swiglu_quantize
 //   -> gemm_quantized_experts (w2) -> moe_combine
 // -- per token count, against two ceilings measured in the same run: bytes over the HBM
 // bandwidth of a large device-to-device copy, FLOPs over the e4m3 mma.sync peak (mma_peak.h).
@@ -143,7 +144,7 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
   auto bytes = [](std::int64_t n) { return static_cast<std::size_t>(std::max<std::int64_t>(n, 1)); };
 
   // Activations and routing buffers, sized for the largest token count.
-  DeviceBuffer x(bytes(max_tokens * D * 2)), logits(bytes(max_tokens * E * 4)), bias(bytes(E * 4));
+  DeviceBuffer x(bytes(max_tokens * D * 2)), logits(bytes(std::max(max_tokens, gpu::kMaxKSplits * std::min<std::int64_t>(max_tokens, gpu::kKSplitMaxRows)) * E * 4)), bias(bytes(E * 4));
   DeviceBuffer route_e(bytes(max_pairs * 4)), route_w(bytes(max_pairs * 4));
   DeviceBuffer xq(bytes(max_tokens * D)), xs(bytes(max_tokens * ((D + 127) / 128) * 4));
   DeviceBuffer source_row(bytes(max_pairs * 4)), slot_of(bytes(max_pairs * 4)), slot_w(bytes(max_pairs * 4)),
@@ -242,7 +243,8 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
                                  tile_rows.as<std::int32_t>(),
                                  num_tiles.as<std::int32_t>(),
                                  gpu::moe_max_tiles(T, K, E, tile_m),
-                                 tile_m};
+                                 tile_m,
+                                 cap};
     gpu::ExpertTiles tiles_w2 = tiles;
     tiles_w2.source_row = nullptr;  // w2 reads the permuted rows themselves
 
@@ -251,13 +253,20 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
     // w2, 5 after it.
     auto moe_run = [&](int c, auto&& mark) {
       mark(0);
-      gpu::gemm_bf16(x.as<std::uint16_t>(), D, cap, gate_of(c), 1, gpu::GemmOutput{logits.data(), E, true}, n_dev, st,
-                     gate_path);
+      // (as the executor: at decode the gate's k is split over more CTAs, moe_route adds the partials)
+      const int gate_splits = gate_path == GemmPath::kAuto ? gpu::gemm_k_splits(cap, gate_of(c)) : 1;
+      if (gate_splits > 1)
+        gpu::gemm_bf16_k_partials(x.as<std::uint16_t>(), D, cap, gate_of(c), gate_splits, logits.as<float>(), cap * E, n_dev, st);
+      else
+        gpu::gemm_bf16(x.as<std::uint16_t>(), D, cap, gate_of(c), 1, gpu::GemmOutput{logits.data(), E, true}, n_dev, st,
+                       gate_path);
       mark(1);
       gpu::MoeRouteArgs route;
       route.step = step.get();
       route.capacity = cap;
       route.logits = logits.as<float>();
+      route.logit_splits = gate_splits;
+      route.split_stride = cap * E;
       route.experts = static_cast<std::int32_t>(E);
       route.top_k = static_cast<std::int32_t>(K);
       route.routed_scale = s.routed_scale;
@@ -265,7 +274,6 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
       route.route_expert = route_e.as<std::int32_t>();
       route.route_weight = route_w.as<float>();
       gpu::moe_route(route, st);
-      gpu::quantize_activations(x.as<std::uint16_t>(), D, cap, D, xq.as<std::uint8_t>(), xs.as<float>(), n_dev, st);
       gpu::MoePermuteArgs perm;
       perm.step = step.get();
       perm.experts = static_cast<std::int32_t>(E);
@@ -283,6 +291,8 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
       perm.num_tiles = num_tiles.as<std::int32_t>();
       perm.expert_scratch = expert_scratch.as<std::int32_t>();
       gpu::moe_permute(perm, st);
+      // (as the executor: the tile map two launches before the expert products)
+      gpu::quantize_activations(x.as<std::uint16_t>(), D, cap, D, xq.as<std::uint8_t>(), xs.as<float>(), n_dev, st);
       mark(2);
       gpu::gemm_quantized_experts(gpu::QuantizedRows{xq.as<std::uint8_t>(), xs.as<float>(), D}, tiles, w13_of(c),
                                   gpu::GemmOutput{gu.data(), 2 * I, false}, st);

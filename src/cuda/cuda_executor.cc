@@ -150,7 +150,8 @@ struct CudaExecutor::Scratch {
     zs = k.take<float>(T * ceil_div(GO, 128));
     attn_out = k.take<std::uint16_t>(T * D);
     ffn_out = k.take<std::uint16_t>(T * D);
-    gate_logits = k.take<float>(T * E);
+    // (fp32 partials over k ranges at decode: gemm.h gemm_bf16_k_partials)
+    gate_logits = k.take<float>(std::max(T, kMaxKSplits * std::min(T, kKSplitMaxRows)) * E);
     route_e = k.take<std::int32_t>(T * K);
     route_w = k.take<float>(T * K);
     source_row = k.take<std::int32_t>(T * K);
@@ -857,12 +858,16 @@ void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const Gpu
   {
     ProfileScope prof(*this, "moe: hc_pre + gate + route");
     hc_pre(h, w.hc_ffn, w.ffn_norm, shape, cap, s.x, s.post, s.comb, n_dev, s.hc_scratch, st);
-    // Routing (fp32 gate).
-    gemm_bf16(s.x, D, cap, w.gate, 1, GemmOutput{s.gate_logits, E, true}, n_dev, st, gemm_path_);
+    // Routing (fp32 gate; at decode the gate's k is split over more CTAs, route adds the partials).
+    const int gate_splits = gemm_path_ == GemmPath::kAuto ? gemm_k_splits(cap, w.gate) : 1;
+    if (gate_splits > 1) gemm_bf16_k_partials(s.x, D, cap, w.gate, gate_splits, s.gate_logits, cap * E, n_dev, st);
+    else gemm_bf16(s.x, D, cap, w.gate, 1, GemmOutput{s.gate_logits, E, true}, n_dev, st, gemm_path_);
     MoeRouteArgs route;
     route.step = step;
     route.capacity = cap;
     route.logits = s.gate_logits;
+    route.logit_splits = gate_splits;
+    route.split_stride = cap * E;
     route.experts = static_cast<std::int32_t>(E);
     route.top_k = static_cast<std::int32_t>(K);
     route.routed_scale = static_cast<float>(c.routed_scaling_factor);
@@ -875,7 +880,6 @@ void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const Gpu
   // Routed experts over rows grouped by expert.
   {
     ProfileScope prof(*this, "moe: routed experts");
-    quantize_activations(s.x, D, cap, D, s.xq, s.xs, n_dev, st);
     const std::int32_t tile_m = expert_tile_rows(static_cast<std::int64_t>(cap) * K, E);
     MoePermuteArgs perm;
     perm.step = step;
@@ -893,8 +897,11 @@ void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const Gpu
     perm.tile_rows = s.tile_rows;
     perm.num_tiles = s.num_tiles;
     moe_permute(perm, st);
+    // (between the permutation and the expert products: gemm_quantized_experts reads the tile map
+    // from a kernel two launches back)
+    quantize_activations(s.x, D, cap, D, s.xq, s.xs, n_dev, st);
     ExpertTiles tiles{s.source_row, s.tile_expert, s.tile_row0, s.tile_rows, s.num_tiles,
-                      moe_max_tiles(cap, K, E, tile_m), tile_m};
+                      moe_max_tiles(cap, K, E, tile_m), tile_m, cap};
     gemm_quantized_experts(QuantizedRows{s.xq, s.xs, D}, tiles, w.experts_w13, GemmOutput{s.gu, 2 * I, false}, st);
     swiglu_quantize(s.gu, static_cast<std::int64_t>(cap) * K, s.num_rows, I, limit, s.slot_w, s.hq, s.hs, st);
     tiles.source_row = nullptr;  // w2 reads the permuted rows themselves

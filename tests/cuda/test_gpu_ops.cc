@@ -695,6 +695,52 @@ TEST(GpuOps, GemmBf16) {
   }
 }
 
+// The gate at decode: k split over CTAs into fp32 partials (gemm_bf16_k_partials) whose sum in
+// order is the product. Splits as gemm_k_splits picks them and 3 (uneven ranges; with k 32 two of
+// them are empty and must hold zeros); every partial slot of a row written, none past it.
+TEST(GpuOps, GemmBf16KPartials) {
+  for (const GemmShape& sh : {GemmShape{256, 4096}, GemmShape{40, 4160}, GemmShape{24, 32}}) {
+    std::mt19937_64 rng(seed_of({31, sh.n, sh.k}));
+    const TestWeight tw = make_weight(WeightFormat::kBf16, sh.n, sh.k, 0.05f, rng);
+    const DenseWeight dw = tw.dense();
+    const DevWeight gw = upload_weight(tw);
+    for (std::int64_t rows : {1, 8, 9, 64}) {
+      std::vector<float> x = bf16_activations(static_cast<std::size_t>(rows * sh.k), 1.0f, rng);
+      std::vector<float> ref(static_cast<std::size_t>(rows * sh.n)), mag(ref.size());
+      linear_f32(x, rows, dw, ref, cpu_pool());
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t o = 0; o < sh.n; ++o) {
+          double m = 0;
+          for (std::int64_t c = 0; c < sh.k; ++c) m += std::fabs(static_cast<double>(x[static_cast<std::size_t>(r * sh.k + c)]) * tw.values[static_cast<std::size_t>(o * sh.k + c)]);
+          mag[static_cast<std::size_t>(r * sh.n + o)] = static_cast<float>(m);
+        }
+      DevArray<std::uint16_t> dx(to_bf16(x));
+      const int picked = gpu::gemm_k_splits(rows, gw.w);
+      for (int splits : {picked, 3}) {
+        const std::int64_t stride = rows * sh.n + 8;  // 8 poisoned floats between partials
+        DevArray<float> out(static_cast<std::size_t>(splits * stride));
+        gpu::gemm_bf16_k_partials(dx.get(), sh.k, rows, gw.w, splits, out.get(), stride, nullptr, st());
+        const std::vector<float> parts = out.download();
+        std::vector<float> got(ref.size(), 0.0f);
+        std::int64_t gap_written = 0;
+        for (int p = 0; p < splits; ++p) {
+          for (std::size_t i = 0; i < got.size(); ++i) got[i] += parts[static_cast<std::size_t>(p * stride) + i];
+          for (std::int64_t i = rows * sh.n; i < stride; ++i) gap_written += !std::isnan(parts[static_cast<std::size_t>(p * stride + i)]);
+        }
+        const ErrStats s = compare(got, ref);
+        NearCheck near;
+        for (std::size_t i = 0; i < got.size(); ++i) near.check(got[i], ref[i], mag[i], order_bound(sh.k), false, static_cast<std::int64_t>(i));
+        const std::string shape = fmt::format("bf16 rows {} n {} k {} splits {}", rows, sh.n, sh.k, splits);
+        EXPECT_EQ(s.nonfinite, 0) << shape;
+        EXPECT_EQ(gap_written, 0) << shape << ": wrote past a partial's rows";
+        EXPECT_EQ(near.bad, 0) << shape << ": " << near.first;
+        report("gemm_bf16_k_partials", shape, s, fmt::format("{}/{} differ", s.differing, s.n),
+               fmt::format("sum of partials vs linear_f32 (gemm_k_splits picked {})", picked));
+      }
+    }
+  }
+}
+
 // The compressor's use: two fp32 products into the halves of one [rows][2 n] buffer.
 TEST(GpuOps, GemmBf16StridedF32) {
   const std::int64_t n = 256, k = 256;
@@ -1149,6 +1195,25 @@ TEST(GpuOps, MoeRouteAndPermute) {
       gpu::moe_route(a, st());
       const auto ge = re.download();
       const auto gw = rw.download();
+      {
+        // The logits as two partials (gemm.h gemm_bf16_k_partials), halves of each value (their sum
+        // is exact): the same choices and weights, bit for bit.
+        std::vector<float> halves(static_cast<std::size_t>(2 * a.capacity * rc.experts), std::nanf(""));
+        for (std::size_t i = 0; i < in.logits.size(); ++i) halves[i] = halves[i + static_cast<std::size_t>(a.capacity * rc.experts)] = in.logits[i] / 2;
+        DevArray<float> dhalves(halves);
+        DevArray<std::int32_t> re2(static_cast<std::size_t>(T * rc.top_k));
+        DevArray<float> rw2(static_cast<std::size_t>(T * rc.top_k));
+        gpu::MoeRouteArgs a2 = a;
+        a2.logits = dhalves.get();
+        a2.logit_splits = 2;
+        a2.split_stride = a.capacity * rc.experts;
+        a2.route_expert = re2.get();
+        a2.route_weight = rw2.get();
+        gpu::moe_route(a2, st());
+        const auto gw2 = rw2.download();
+        EXPECT_EQ(re2.download(), ge) << "experts from two logit partials";
+        EXPECT_EQ(std::memcmp(gw2.data(), gw.data(), gw.size() * sizeof(float)), 0) << "weights from two logit partials";
+      }
       std::vector<std::int32_t> ce;
       std::vector<float> cw, scores;
       cpu_route(in.logits, T, rc, in.bias, in.tid2eid, in.ids, 2.5f, ce, cw, &scores);
@@ -1407,7 +1472,6 @@ TEST(GpuOps, MoeLayer) {
         DevArray<std::uint16_t> dx(to_bf16(x));
         DevArray<std::uint8_t> xq(static_cast<std::size_t>(T * l.D));
         DevArray<float> xs(static_cast<std::size_t>(T * ((l.D + 127) / 128)));
-        gpu::quantize_activations(dx.get(), l.D, T, l.D, xq.get(), xs.get(), nullptr, st());
         const std::int32_t tile_m = gpu::expert_tile_rows(T * l.K, l.E);
         const std::int32_t max_tiles = gpu::moe_max_tiles(T, l.K, l.E, tile_m);
         const std::size_t pairs = static_cast<std::size_t>(T * l.K);
@@ -1431,7 +1495,10 @@ TEST(GpuOps, MoeLayer) {
         pa.num_tiles = num_tiles.get();
         pa.expert_scratch = scratch.get();
         gpu::moe_permute(pa, st());
-        gpu::ExpertTiles tiles{src.get(), te.get(), tr0.get(), trows.get(), num_tiles.get(), max_tiles, tile_m};
+        // (the executor's order: gemm_quantized_experts reads the tile map from two launches back)
+        gpu::quantize_activations(dx.get(), l.D, T, l.D, xq.get(), xs.get(), nullptr, st());
+        // (rows_bound: no expert gets more rows than the step has tokens)
+        gpu::ExpertTiles tiles{src.get(), te.get(), tr0.get(), trows.get(), num_tiles.get(), max_tiles, tile_m, static_cast<std::int32_t>(T)};
         DevArray<std::uint16_t> gu(pairs * static_cast<std::size_t>(2 * l.I));
         gpu::gemm_quantized_experts(gpu::QuantizedRows{xq.get(), xs.get(), l.D}, tiles, g13.w, gpu::GemmOutput{gu.get(), 2 * l.I, false}, st());
         DevArray<std::uint8_t> hq(pairs * static_cast<std::size_t>(l.I));

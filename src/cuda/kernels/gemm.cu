@@ -9,6 +9,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "cuda/kernels/dependent_launch.cuh"
 #include "cuda/kernels/gemm_library.h"
 #include "cuda/kernels/gemm_output.cuh"
 #include "cuda/kernels/gemm_stream.h"
@@ -28,9 +29,11 @@ __device__ __forceinline__ std::int64_t row_limit(std::int64_t rows, const std::
 }
 
 // ---- activation quantization ------------------------------------------------------------------
-// One warp per (row, 128-block); lane i holds the block's values 4i .. 4i+3.
+// One warp per (row, 128-block); lane i holds the block's values 4i .. 4i+3. Launched dependent
+// (dependent_launch.cuh): it waits for the kernel before it first.
 __global__ void quantize_rows_kernel(const std::uint16_t* x, std::int64_t ld, std::int64_t rows, std::int64_t k,
                                      std::uint8_t* codes, float* scales, const std::int32_t* rows_dev) {
+  grid_dependency_wait();
   const std::int64_t blocks_per_row = (k + kActBlock - 1) / kActBlock;
   const std::int64_t warp_id = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
@@ -213,6 +216,9 @@ struct SmallArgs {
   const std::int32_t* rows_dev;
   ExpertTiles tiles;
   bool experts;
+  // few_rows_kernel with gridDim.z > 1 (gemm_bf16_k_partials): CTA z takes the z-th of gridDim.z
+  // k ranges and writes its fp32 partial at out + z * split_stride elements
+  std::int64_t split_stride = 0;
 };
 
 constexpr int kFewWarps = kThreads / 32;
@@ -539,9 +545,12 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(SmallArgs args, i
   float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   if (n0 < n_total) {
     const typename U::Lane l = U::lane(args, tile, n0, g, t);
-    // the warp's units [u_begin, u_end) of k (32-bit: a row has at most 2^31 / 64 units)
+    // the warp's units [u_begin, u_end) of k (32-bit: a row has at most 2^31 / 64 units), of the
+    // CTA's range (all of k unless split over gridDim.z)
     const int units = static_cast<int>((k + U::kK - 1) / U::kK);
-    const int u_begin = units * wk / k_split, u_end = units * (wk + 1) / k_split;
+    const int z = static_cast<int>(blockIdx.z), zs = static_cast<int>(gridDim.z);
+    const int c_begin = units * z / zs, c_units = units * (z + 1) / zs - c_begin;
+    const int u_begin = c_begin + c_units * wk / k_split, u_end = c_begin + c_units * (wk + 1) / k_split;
     typename U::Regs buf[U::kDepth];
     DSV4_UNROLL
     for (int d = 0; d < U::kDepth; ++d)
@@ -559,12 +568,14 @@ __global__ void __launch_bounds__(kThreads, 2) few_rows_kernel(SmallArgs args, i
 
   few_block_sum(partial, acc, warp, lane, wn, wk, warps_n);
   if (wk != 0) return;
+  GemmOutput out = args.out;
+  if (gridDim.z > 1) out.data = static_cast<float*>(out.data) + blockIdx.z * args.split_stride;  // (fp32 partials)
   // acc[e]: weight row n0 + g (+ 8 for e >= 2), token 2t + (e & 1).
   DSV4_UNROLL
   for (int e = 0; e < 4; ++e) {
     const std::int64_t n = n0 + g + 8 * (e >> 1);
     const int m = 2 * t + (e & 1);
-    if (m < tile.count && n < n_total) store_out(args.out, tile.first + m, n, acc[e] * U::kOutScale);
+    if (m < tile.count && n < n_total) store_out(out, tile.first + m, n, acc[e] * U::kOutScale);
   }
 }
 
@@ -592,28 +603,30 @@ constexpr int kFp4UnitBytes = 1024 + 64;
 // with a ring of one unit were faster than two with five (docs/perf.md).
 constexpr std::int64_t fp4_bulk_smem_budget(int blocks) { return blocks == 3 ? 70 * 1024 : 108 * 1024; }
 
-// Where the bulk kernel's dynamic shared memory holds the activations (8 token rows), their scales
-// ([unit][8 tokens]) and the warps' rings of `ring` slots of `slot_units` units.
+// Where the bulk kernel's dynamic shared memory holds the activations (`x_rows` token rows, at most
+// 8: no tile of the launch has more), their scales ([unit][8 tokens]) and the warps' rings of `ring`
+// slots of `slot_units` units.
 struct Fp4BulkLayout {
   std::int64_t x_stride = 0, sa_offset = 0, ring_offset = 0, bytes = 0;
 };
-__host__ __device__ constexpr Fp4BulkLayout fp4_bulk_layout(std::int64_t k, int ring, int slot_units) {
+__host__ __device__ constexpr Fp4BulkLayout fp4_bulk_layout(std::int64_t k, int ring, int slot_units, int x_rows) {
   Fp4BulkLayout s;
   s.x_stride = k + 16;
-  s.sa_offset = kSmallRows * s.x_stride;
+  s.sa_offset = x_rows * s.x_stride;
   s.ring_offset = (s.sa_offset + (k / 128) * kSmallRows * 4 + 127) / 128 * 128;
   s.bytes = s.ring_offset + static_cast<std::int64_t>(kFewWarps) * ring * slot_units * kFp4UnitBytes;
   return s;
 }
 
 template <int kBlocksPerSm, int kSlotUnits, bool kNormalScales>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) few_rows_fp4_bulk_kernel(SmallArgs args, int warps_n, int ring) {
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) few_rows_fp4_bulk_kernel(SmallArgs args, int warps_n, int ring, int x_rows) {
   constexpr int kSlotBytes = kSlotUnits * kFp4UnitBytes;  // the units' weight blocks, then their scale blocks
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
   __shared__ float partial[kFewWarps][32][4];
   __shared__ std::uint64_t landed[kFewWarps][kFp4RingMax];
   const RowTile tile = row_tile(blockIdx.y, kSmallRows, args.rows, args.rows_dev, args.tiles, args.experts);
   if (!tile.valid) return;
+  if (tile.count > x_rows) __trap();  // (a tile past ExpertTiles::rows_bound)
   // (the warp index broadcast from lane 0, so the compiler knows it and the copy addresses built on
   // it warp-uniform: a bulk copy takes uniform operands)
   const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -623,7 +636,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) few_rows_fp4_bulk_kern
   const std::int64_t n0 = (static_cast<std::int64_t>(blockIdx.x) * warps_n + wn) * 16;  // the warp's first weight row
   const bool active = n0 < n_total;  // (n is a multiple of 16: all 16 rows exist)
   const int u_begin = units * wk / k_split, u_end = units * (wk + 1) / k_split;
-  const Fp4BulkLayout lay = fp4_bulk_layout(k, ring, kSlotUnits);
+  const Fp4BulkLayout lay = fp4_bulk_layout(k, ring, kSlotUnits, x_rows);
   std::uint8_t* xs = smem;
   float* sas = reinterpret_cast<float*>(smem + lay.sa_offset);
   std::uint8_t* slots = smem + lay.ring_offset + static_cast<std::int64_t>(warp) * ring * kSlotBytes;
@@ -643,6 +656,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) few_rows_fp4_bulk_kern
     for (int r = 0; r < ring; ++r) mbarrier_init(&landed[warp][r], 1);
     for (int i = 0; i < ring && u_begin + i * kSlotUnits < u_end; ++i) issue(u_begin + i * kSlotUnits, i);
   }
+  // Launched dependent: the tile map and the weights were complete before the kernel before this
+  // one began (gemm_quantized_experts), so the first copies are in flight while that kernel ends;
+  // the activations may come from it.
+  grid_dependency_wait();
+  grid_dependents_launch();
 
   // The tile's activations, while the first units are in flight: tokens m < count, 16 bytes a step
   // (two 8-byte pieces: k 16 c .. 16 c + 15 is block s = (c % 8) / 2, lane t = 2 (c % 2) + p).
@@ -1068,22 +1086,24 @@ void check_k(std::int64_t k, const char* who) {
   if (k <= 0 || k % 32 != 0) launch_error(who, {k});
 }
 
-// Few-rows kernels' warps along the output: as many as still give about two blocks per SM, the
-// rest of the block's warps splitting k.
-int few_warps_n(std::int64_t n, std::int64_t row_tiles) {
+// Few-rows kernels' warps along the output: as many as still give about `per_sm` blocks per SM
+// (the blocks an SM holds at once), the rest of the block's warps splitting k.
+int few_warps_n(std::int64_t n, std::int64_t row_tiles, int per_sm = 2) {
   const std::int64_t groups = (n + 15) / 16;
   for (int w : {8, 4, 2})
-    if ((groups + w - 1) / w * row_tiles >= 2 * 132) return w;
+    if ((groups + w - 1) / w * row_tiles >= per_sm * 132) return w;
   return 1;
 }
 
-// Few-rows launch (warps: few_warps_n). (Splitting k over CTAs as well, for the narrow outputs,
-// was measured slower on 2026-12-02: docs/perf.md.)
+// Few-rows launch (warps: few_warps_n), k split over `splits` CTAs into fp32 partials where asked
+// (gemm_bf16_k_partials). (Splitting k over CTAs with the last CTA adding the partials, for the
+// narrow fp8 outputs of 512 and more, was measured slower on 2026-12-02: docs/perf.md.)
 template <class U, WeightFormat F>
-void launch_few(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t stream) {
+void launch_few(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t stream, int splits = 1) {
   const std::int64_t groups = (args.w.n + 15) / 16;
   const int warps_n = few_warps_n(args.w.n, row_tiles);
-  launch(few_rows_kernel<U, F>, dim3(static_cast<unsigned>((groups + warps_n - 1) / warps_n), static_cast<unsigned>(row_tiles)),
+  launch(few_rows_kernel<U, F>,
+         dim3(static_cast<unsigned>((groups + warps_n - 1) / warps_n), static_cast<unsigned>(row_tiles), static_cast<unsigned>(splits)),
          dim3(kThreads), 0, stream, args, warps_n);
 }
 
@@ -1097,34 +1117,40 @@ void launch_few_fp8(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t 
 // where two of them fit, so a warp still has a slot in flight while it works on the other; each
 // ring as deep as fits.
 template <int kBlocksPerSm, int kSlotUnits, bool kNormalScales>
-void launch_fp4_bulk(const SmallArgs& args, dim3 grid, int warps_n, int ring, gpu_stream_t stream) {
+void launch_fp4_bulk(const SmallArgs& args, dim3 grid, int warps_n, int ring, int x_rows, gpu_stream_t stream) {
   static const bool smem_set = (set_max_dynamic_smem(few_rows_fp4_bulk_kernel<kBlocksPerSm, kSlotUnits, kNormalScales>,
                                                      fp4_bulk_smem_budget(kBlocksPerSm)),
                                 true);
   (void)smem_set;
-  launch(few_rows_fp4_bulk_kernel<kBlocksPerSm, kSlotUnits, kNormalScales>, grid, dim3(kThreads),
-         static_cast<std::size_t>(fp4_bulk_layout(args.k, ring, kSlotUnits).bytes), stream, args, warps_n, ring);
+  launch_dependent(few_rows_fp4_bulk_kernel<kBlocksPerSm, kSlotUnits, kNormalScales>, grid, dim3(kThreads),
+         static_cast<std::size_t>(fp4_bulk_layout(args.k, ring, kSlotUnits, x_rows).bytes), stream, args, warps_n, ring, x_rows);
 }
 
 template <int kBlocksPerSm, int kSlotUnits>
-void launch_fp4_bulk(const SmallArgs& args, dim3 grid, int warps_n, int ring, gpu_stream_t stream) {
-  if (args.w.fp4_scales_normal) launch_fp4_bulk<kBlocksPerSm, kSlotUnits, true>(args, grid, warps_n, ring, stream);
-  else launch_fp4_bulk<kBlocksPerSm, kSlotUnits, false>(args, grid, warps_n, ring, stream);
+void launch_fp4_bulk(const SmallArgs& args, dim3 grid, int warps_n, int ring, int x_rows, gpu_stream_t stream) {
+  if (args.w.fp4_scales_normal) launch_fp4_bulk<kBlocksPerSm, kSlotUnits, true>(args, grid, warps_n, ring, x_rows, stream);
+  else launch_fp4_bulk<kBlocksPerSm, kSlotUnits, false>(args, grid, warps_n, ring, x_rows, stream);
 }
 
 void launch_few_fp4_bulk(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t stream) {
+  // activation rows to stage: as many as a tile may hold
+  const std::int64_t bound = args.experts ? (args.tiles.rows_bound > 0 ? args.tiles.rows_bound : kSmallRows) : args.rows;
+  const int x_rows = static_cast<int>(std::clamp<std::int64_t>(bound, 1, kSmallRows));
   const auto slots_for = [&](int blocks, int slot_units) {
-    return static_cast<int>(std::min<std::int64_t>(
-        kFp4RingMax, (fp4_bulk_smem_budget(blocks) - fp4_bulk_layout(args.k, 0, 1).bytes) / (kFewWarps * slot_units * kFp4UnitBytes)));
+    return static_cast<int>(std::min<std::int64_t>(kFp4RingMax, (fp4_bulk_smem_budget(blocks) - fp4_bulk_layout(args.k, 0, 1, x_rows).bytes) /
+                                                                    (kFewWarps * slot_units * kFp4UnitBytes)));
   };
   // (two CTAs always fit two slots of two units)
-  static_assert((fp4_bulk_smem_budget(2) - fp4_bulk_layout(kFp4TiledMaxK, 0, 1).bytes) / (kFewWarps * 2 * kFp4UnitBytes) >= 2);
-  const int warps_n = few_warps_n(args.w.n, row_tiles);
+  static_assert((fp4_bulk_smem_budget(2) - fp4_bulk_layout(kFp4TiledMaxK, 0, 1, kSmallRows).bytes) / (kFewWarps * 2 * kFp4UnitBytes) >= 2);
+  // (with three blocks an SM, warps along n for three: Pro's w1|w3 and w2 at one token took 95 us
+  // with four warps a row group where two-block warps_n's eight took 99)
+  const int blocks = slots_for(3, 1) >= 1 ? 3 : 2;
+  const int warps_n = few_warps_n(args.w.n, row_tiles, blocks);
   const std::int64_t groups = args.w.n / 16;
   const dim3 grid(static_cast<unsigned>((groups + warps_n - 1) / warps_n), static_cast<unsigned>(row_tiles));
-  if (slots_for(3, 1) < 1) launch_fp4_bulk<2, 2>(args, grid, warps_n, slots_for(2, 2), stream);
-  else if (slots_for(3, 2) >= 2) launch_fp4_bulk<3, 2>(args, grid, warps_n, slots_for(3, 2), stream);
-  else launch_fp4_bulk<3, 1>(args, grid, warps_n, slots_for(3, 1), stream);
+  if (blocks == 2) launch_fp4_bulk<2, 2>(args, grid, warps_n, slots_for(2, 2), x_rows, stream);
+  else if (slots_for(3, 2) >= 2) launch_fp4_bulk<3, 2>(args, grid, warps_n, slots_for(3, 2), x_rows, stream);
+  else launch_fp4_bulk<3, 1>(args, grid, warps_n, slots_for(3, 1), x_rows, stream);
 }
 
 void launch_few_fp4(const SmallArgs& args, std::int64_t row_tiles, gpu_stream_t stream) {
@@ -1240,7 +1266,7 @@ void quantize_activations(const std::uint16_t* x, std::int64_t ld, std::int64_t 
                           std::uint8_t* codes, float* scales, const std::int32_t* rows_dev, gpu_stream_t stream) {
   if (rows <= 0) return;
   const std::int64_t warps = rows * ((k + kActBlock - 1) / kActBlock);
-  launch(quantize_rows_kernel, dim3(static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads)), dim3(kThreads), 0,
+  launch_dependent(quantize_rows_kernel, dim3(static_cast<unsigned>((warps * 32 + kThreads - 1) / kThreads)), dim3(kThreads), 0,
          stream, x, ld, rows, k, codes, scales, rows_dev);
 }
 
@@ -1335,6 +1361,29 @@ void gemm_bf16(const std::uint16_t* a, std::int64_t lda, std::int64_t rows, cons
   const std::int64_t tiles = (rows + kTileM - 1) / kTileM;
   if (w.format == WeightFormat::kFp8) launch_mma_bf16<WeightFormat::kFp8>(m, tiles, groups, stream);
   else launch_mma_bf16<WeightFormat::kBf16>(m, tiles, groups, stream);
+}
+
+int gemm_k_splits(std::int64_t rows, const DeviceWeight& w) {
+  if (w.format != WeightFormat::kBf16 || rows <= 0 || rows > kKSplitMaxRows || !use_small(rows, w.n, GemmPath::kAuto)) return 1;
+  const std::int64_t tiles = (rows + kSmallRows - 1) / kSmallRows, groups = (w.n + 15) / 16;
+  const int warps_n = few_warps_n(w.n, tiles);
+  const std::int64_t ctas = (groups + warps_n - 1) / warps_n * tiles;
+  // about two CTAs an SM, each k range at least one 64-wide unit per warp
+  const std::int64_t units = (w.k + 63) / 64;
+  return static_cast<int>(std::clamp<std::int64_t>(std::min(2 * 132 / ctas, units / kFewWarps), 1, kMaxKSplits));
+}
+
+void gemm_bf16_k_partials(const std::uint16_t* a, std::int64_t lda, std::int64_t rows, const DeviceWeight& w, int splits,
+                          float* out, std::int64_t split_stride, const std::int32_t* rows_dev, gpu_stream_t stream) {
+  check_k(w.k, "gemm_bf16_k_partials: the reduction length {} must be a positive multiple of 32");
+  if (rows <= 0) return;
+  if (w.format != WeightFormat::kBf16) launch_error("gemm_bf16_k_partials: bf16 weights only");
+  if (splits < 1 || splits > kMaxKSplits) launch_error("gemm_bf16_k_partials: {} k ranges (1 to {})", {splits, kMaxKSplits});
+  if (split_stride < rows * w.n) launch_error("gemm_bf16_k_partials: partials {} floats apart hold {} rows of {}", {split_stride, rows, w.n});
+  if (lda % 8 != 0 || reinterpret_cast<std::uintptr_t>(a) % 16 != 0)
+    launch_error("gemm_bf16_k_partials: the few-rows kernel needs 16-byte aligned activation rows");
+  SmallArgs s{nullptr, nullptr, a, lda, 0, w.k, w, 0, GemmOutput{out, w.n, true}, rows, rows_dev, {}, false, split_stride};
+  launch_few<FewBf16<WeightFormat::kBf16>, WeightFormat::kBf16>(s, (rows + kSmallRows - 1) / kSmallRows, stream, splits);
 }
 
 }  // namespace dsv4::gpu

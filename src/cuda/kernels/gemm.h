@@ -72,6 +72,10 @@ struct ExpertTiles {
   const std::int32_t* num_tiles = nullptr;
   std::int32_t max_tiles = 0;  // grid bound
   std::int32_t tile_m = 0;     // rows per tile the map was built for (kSmallRows or kTileRows)
+  // No tile holds more rows than this (0: tile_m). An expert gets each token at most once, so the
+  // step's token count bounds it; the few-rows fp4 kernel then stages only that many activation
+  // rows and gives the shared memory it saves to its weight ring. A tile past the bound traps.
+  std::int32_t rows_bound = 0;
 };
 
 // Which kernel runs a product: by row count for speed (kAuto: few rows up to 16, or up to 128
@@ -134,7 +138,10 @@ std::string gemm_library_calibration();
 // out[r] = W . dequant(a[r]) for rows [0, rows): fp8/fp4 weights only.
 void gemm_quantized(const QuantizedRows& a, std::int64_t rows, const DeviceWeight& w, const GemmOutput& out,
                     const std::int32_t* rows_dev, gpu_stream_t stream, GemmPath path = GemmPath::kAuto);
-// The same over expert-grouped rows (w holds the stacked experts).
+// The same over expert-grouped rows (w holds the stacked experts). Its few-rows fp4 kernel is
+// launched dependent (kernels/dependent_launch.cuh) and reads the tile map and starts its weight
+// copies before waiting for the kernel launched just before it: the tile map must come from a
+// kernel at least two launches back (or a copy), while the activations may come from the last one.
 void gemm_quantized_experts(const QuantizedRows& a, const ExpertTiles& tiles, const DeviceWeight& w,
                             const GemmOutput& out, gpu_stream_t stream);
 
@@ -145,6 +152,18 @@ void gemm_quantized_experts(const QuantizedRows& a, const ExpertTiles& tiles, co
 void gemm_bf16(const std::uint16_t* a, std::int64_t lda, std::int64_t rows, const DeviceWeight& w, int groups,
                const GemmOutput& out, const std::int32_t* rows_dev, gpu_stream_t stream,
                GemmPath path = GemmPath::kAuto);
+
+// Few rows against a narrow bf16 weight (the MoE gate at decode: 256 or 384 outputs are 16 or 24
+// CTAs of the few-rows kernel) leave most SMs idle. gemm_k_splits says into how many k ranges to
+// split such a product (1: none, run gemm_bf16; at most kMaxKSplits, and only for rows up to
+// kKSplitMaxRows); gemm_bf16_k_partials writes each range's fp32 partial product, partial p of
+// row r and output c at out + p * split_stride + r * w.n + c. The sum of the partials in p order
+// is the product (moe_route adds them).
+inline constexpr int kMaxKSplits = 8;
+inline constexpr std::int64_t kKSplitMaxRows = 64;
+int gemm_k_splits(std::int64_t rows, const DeviceWeight& w);
+void gemm_bf16_k_partials(const std::uint16_t* a, std::int64_t lda, std::int64_t rows, const DeviceWeight& w, int splits,
+                          float* out, std::int64_t split_stride, const std::int32_t* rows_dev, gpu_stream_t stream);
 
 
 }  // namespace dsv4::gpu

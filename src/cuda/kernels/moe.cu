@@ -1,6 +1,7 @@
 // MoE routing, permutation, SwiGLU and combine kernels (moe.h).
 #include "cuda/kernels/moe.h"
 
+#include "cuda/kernels/dependent_launch.cuh"
 #include "cuda/kernels/launch_check.h"
 #include "cuda/device.h"
 #include "cuda/kernels/numerics.cuh"
@@ -15,6 +16,7 @@ constexpr int kMaxTopK = 16;
 
 // ---- routing: one block of 128 threads per token ----------------------------------------------
 __global__ void __launch_bounds__(128) route_kernel(MoeRouteArgs a) {
+  grid_dependency_wait();  // (launched dependent: the logits come from the kernel before)
   __shared__ float score[kMaxExperts];
   __shared__ float biased[kMaxExperts];
   __shared__ float best_v[4];
@@ -26,7 +28,8 @@ __global__ void __launch_bounds__(128) route_kernel(MoeRouteArgs a) {
   if (t >= st.n_tokens) return;
   const int E = a.experts, k = a.top_k;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    const float z = a.logits[static_cast<std::int64_t>(t) * E + e];
+    float z = a.logits[static_cast<std::int64_t>(t) * E + e];
+    for (int p = 1; p < a.logit_splits; ++p) z += a.logits[p * a.split_stride + static_cast<std::int64_t>(t) * E + e];
     const float sp = z > 20.0f ? z : log1pf(exp_float(z));
     score[e] = sqrtf(sp);
     if (a.bias != nullptr) {
@@ -96,6 +99,7 @@ __global__ void __launch_bounds__(128) route_kernel(MoeRouteArgs a) {
 
 // ---- permutation and tile map: one block ----------------------------------------------------------
 __global__ void __launch_bounds__(1024) permute_kernel(MoePermuteArgs a) {
+  grid_dependency_wait();  // (launched dependent)
   __shared__ int count[kMaxExperts];
   __shared__ int offset[kMaxExperts];
   __shared__ int tile_offset[kMaxExperts];
@@ -178,6 +182,7 @@ __global__ void __launch_bounds__(1024) permute_kernel(MoePermuteArgs a) {
 __global__ void swiglu_kernel(const std::uint16_t* gu, std::int64_t rows, const std::int32_t* rows_dev,
                               std::int64_t inter, float limit, const float* row_weight, std::uint8_t* codes,
                               float* scales) {
+  grid_dependency_wait();  // (launched dependent: the products come from the kernel before)
   const std::int64_t blocks_per_row = (inter + 127) / 128;
   const std::int64_t warp_id = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const int lane = threadIdx.x & 31;
@@ -246,12 +251,14 @@ void moe_route(const MoeRouteArgs& args, gpu_stream_t stream) {
   if (args.capacity <= 0) return;
   if (args.experts > kMaxExperts || args.top_k > kMaxTopK || args.top_k > args.experts)
     launch_error("GPU MoE: {} experts, top {} (at most {} / {})", {args.experts, args.top_k, kMaxExperts, kMaxTopK});
-  launch(route_kernel, dim3(static_cast<unsigned>(args.capacity)), dim3(128), 0, stream, args);
+  if (args.logit_splits < 1 || (args.logit_splits > 1 && args.split_stride < static_cast<std::int64_t>(args.capacity) * args.experts))
+    launch_error("GPU MoE: {} logit partials {} floats apart", {args.logit_splits, args.split_stride});
+  launch_dependent(route_kernel, dim3(static_cast<unsigned>(args.capacity)), dim3(128), 0, stream, args);
 }
 
 void moe_permute(const MoePermuteArgs& args, gpu_stream_t stream) {
   if (args.experts > kMaxExperts) launch_error("GPU MoE: {} experts (at most {})", {args.experts, kMaxExperts});
-  launch(permute_kernel, dim3(1), dim3(kMaxExperts), 0, stream, args);
+  launch_dependent(permute_kernel, dim3(1), dim3(kMaxExperts), 0, stream, args);
 }
 
 std::int32_t moe_max_tiles(std::int64_t tokens, std::int64_t top_k, std::int64_t experts, std::int32_t tile_m) {
@@ -263,7 +270,7 @@ void swiglu_quantize(const std::uint16_t* gu, std::int64_t rows, const std::int3
                      float limit, const float* row_weight, std::uint8_t* codes, float* scales, gpu_stream_t stream) {
   if (rows <= 0) return;
   const std::int64_t warps = rows * ((inter + 127) / 128);
-  launch(swiglu_kernel, dim3(static_cast<unsigned>((warps * 32 + 255) / 256)), dim3(256), 0, stream, gu, rows, rows_dev,
+  launch_dependent(swiglu_kernel, dim3(static_cast<unsigned>((warps * 32 + 255) / 256)), dim3(256), 0, stream, gu, rows, rows_dev,
          inter, limit, row_weight, codes, scales);
 }
 

@@ -25,6 +25,10 @@ struct MoeRouteArgs {
   const DeviceStep* step = nullptr;
   std::int32_t capacity = 0;
   const float* logits = nullptr;       // [tokens][experts] fp32
+  // The logits as the sum of `logit_splits` partials (gemm.h gemm_bf16_k_partials), partial p at
+  // logits + p * split_stride, added in p order.
+  std::int32_t logit_splits = 1;
+  std::int64_t split_stride = 0;
   std::int32_t experts = 0, top_k = 0;
   float routed_scale = 1.0f;
   const float* bias = nullptr;         // score-routed layers
