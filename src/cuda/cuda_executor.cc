@@ -856,8 +856,29 @@ void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const Gpu
   const float limit = static_cast<float>(c.swiglu_limit);
 
   {
-    ProfileScope prof(*this, "moe: hc_pre + gate + route");
+    ProfileScope prof(*this, "moe: hc_pre + quantize");
     hc_pre(h, w.hc_ffn, w.ffn_norm, shape, cap, s.x, s.post, s.comb, n_dev, s.hc_scratch, st);
+    quantize_activations(s.x, D, cap, D, s.xq, s.xs, n_dev, st);  // (the routed and shared experts' input)
+  }
+  // The shared expert (weight 1) needs only x: it runs on a second stream beside the routing and
+  // the routed experts, whose routing kernels leave most SMs idle, and is joined before the
+  // combine. A profiled step runs it in line, so that each family's time is its own.
+  const bool beside = !profiling_;
+  if (beside) {
+    shared_fork_.record(stream_);
+    shared_fork_.wait(side_stream_);
+  }
+  {
+    ProfileScope prof(*this, "moe: shared expert");
+    const gpu_stream_t sst = beside ? side_stream_.handle() : st;
+    gemm_quantized(QuantizedRows{s.xq, s.xs, D}, cap, w.shared_w1, GemmOutput{s.gus, 2 * I, false}, n_dev, sst, gemm_path_);
+    gemm_quantized(QuantizedRows{s.xq, s.xs, D}, cap, w.shared_w3, GemmOutput{s.gus + I, 2 * I, false}, n_dev, sst, gemm_path_);
+    swiglu_quantize(s.gus, cap, n_dev, I, limit, nullptr, s.hsq, s.hss, sst);
+    gemm_quantized(QuantizedRows{s.hsq, s.hss, I}, cap, w.shared_w2, GemmOutput{s.ys, D, false}, n_dev, sst, gemm_path_);
+  }
+  if (beside) shared_join_.record(side_stream_);
+  {
+    ProfileScope prof(*this, "moe: gate + route");
     // Routing (fp32 gate; at decode the gate's k is split over more CTAs, route adds the partials).
     const int gate_splits = gemm_path_ == GemmPath::kAuto ? gemm_k_splits(cap, w.gate) : 1;
     if (gate_splits > 1) gemm_bf16_k_partials(s.x, D, cap, w.gate, gate_splits, s.gate_logits, cap * E, n_dev, st);
@@ -897,9 +918,6 @@ void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const Gpu
     perm.tile_rows = s.tile_rows;
     perm.num_tiles = s.num_tiles;
     moe_permute(perm, st);
-    // (between the permutation and the expert products: gemm_quantized_experts reads the tile map
-    // from a kernel two launches back)
-    quantize_activations(s.x, D, cap, D, s.xq, s.xs, n_dev, st);
     ExpertTiles tiles{s.source_row, s.tile_expert, s.tile_row0, s.tile_rows, s.num_tiles,
                       moe_max_tiles(cap, K, E, tile_m), tile_m, cap};
     gemm_quantized_experts(QuantizedRows{s.xq, s.xs, D}, tiles, w.experts_w13, GemmOutput{s.gu, 2 * I, false}, st);
@@ -907,14 +925,7 @@ void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const Gpu
     tiles.source_row = nullptr;  // w2 reads the permuted rows themselves
     gemm_quantized_experts(QuantizedRows{s.hq, s.hs, I}, tiles, w.experts_w2, GemmOutput{s.y, D, false}, st);
   }
-  // Shared expert (weight 1).
-  {
-    ProfileScope prof(*this, "moe: shared expert");
-    gemm_quantized(QuantizedRows{s.xq, s.xs, D}, cap, w.shared_w1, GemmOutput{s.gus, 2 * I, false}, n_dev, st, gemm_path_);
-    gemm_quantized(QuantizedRows{s.xq, s.xs, D}, cap, w.shared_w3, GemmOutput{s.gus + I, 2 * I, false}, n_dev, st, gemm_path_);
-    swiglu_quantize(s.gus, cap, n_dev, I, limit, nullptr, s.hsq, s.hss, st);
-    gemm_quantized(QuantizedRows{s.hsq, s.hss, I}, cap, w.shared_w2, GemmOutput{s.ys, D, false}, n_dev, st, gemm_path_);
-  }
+  if (beside) shared_join_.wait(stream_);
   {
     ProfileScope prof(*this, "moe: combine + hc_post");
     moe_combine(step, cap, static_cast<std::int32_t>(K), s.route_e, s.slot_of, s.y, s.ys, D, s.ffn_out, st);

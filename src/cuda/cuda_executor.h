@@ -105,6 +105,8 @@ class CudaExecutor final : public Executor {
   DeviceInfo device_;
   RopeTable rope_window_, rope_compressed_;
   Stream stream_;
+  Stream side_stream_;                 // the MoE's shared expert, beside the routed experts (ffn_layer)
+  Event shared_fork_, shared_join_;  // its fork from and join into stream_
   Event done_;
   StepLimits limits_;
   std::vector<DeviceBuffer> pools_;        // per bucket
