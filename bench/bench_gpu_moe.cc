@@ -1,8 +1,8 @@
 // Routed-MoE layer benchmark at V4-Flash (256 experts, top 6, hidden 4096, expert width 2048) and
 // V4-Pro (384, top 6, hidden 7168, width 3072) shapes with fp4 experts: the executor's routed path
 // (cuda_executor.cc ffn_layer without hc_pre, the shared expert and hc_post) --
-//   quantize_activations -> gate GEMM (bf16, fp32 logits; at decode its k split over CTAs into
-//   partials) -> moe_route (score routing with a bias, adding the partials) -> moe_permute
+//   gate GEMM (bf16, fp32 logits; at decode its k split over CTAs into partials) -> moe_route
+//   (score routing with a bias, adding the partials) -> moe_permute -> quantize_activations
 //   -> gemm_quantized_experts (stacked w1|w3) -> swiglu_quantize
 //   -> gemm_quantized_experts (w2) -> moe_combine
 // -- per token count, against two ceilings measured in the same run: bytes over the HBM
@@ -252,8 +252,6 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
     // records events there): 0 before the gate, 1 after it, 2 before w1|w3, 3 after it, 4 before
     // w2, 5 after it.
     auto moe_run = [&](int c, auto&& mark) {
-      // (as the executor: x quantized once, before the gate; the shared expert would read it too)
-      gpu::quantize_activations(x.as<std::uint16_t>(), D, cap, D, xq.as<std::uint8_t>(), xs.as<float>(), n_dev, st);
       mark(0);
       // (as the executor: at decode the gate's k is split over more CTAs, moe_route adds the partials)
       const int gate_splits = gate_path == GemmPath::kAuto ? gpu::gemm_k_splits(cap, gate_of(c)) : 1;
@@ -293,6 +291,8 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
       perm.num_tiles = num_tiles.as<std::int32_t>();
       perm.expert_scratch = expert_scratch.as<std::int32_t>();
       gpu::moe_permute(perm, st);
+      // (as the executor: gemm_quantized_experts wants the tile map from two launches back)
+      gpu::quantize_activations(x.as<std::uint16_t>(), D, cap, D, xq.as<std::uint8_t>(), xs.as<float>(), n_dev, st);
       mark(2);
       gpu::gemm_quantized_experts(gpu::QuantizedRows{xq.as<std::uint8_t>(), xs.as<float>(), D}, tiles, w13_of(c),
                                   gpu::GemmOutput{gu.data(), 2 * I, false}, st);

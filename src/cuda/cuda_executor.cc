@@ -82,6 +82,8 @@ struct CudaExecutor::Scratch {
   std::uint16_t *gu = nullptr, *y = nullptr, *gus = nullptr, *ys = nullptr, *head_y = nullptr;
   std::uint8_t *xq = nullptr, *qrq = nullptr, *index_q_work = nullptr, *zq = nullptr, *hq = nullptr, *hsq = nullptr;
   float *xs = nullptr, *qrs = nullptr, *zs = nullptr, *hs = nullptr, *hss = nullptr;
+  std::uint8_t* xsq = nullptr;  // the shared expert's quantized x (its own stream, ffn_layer)
+  float* xss = nullptr;
   float *post = nullptr, *comb = nullptr, *state_main = nullptr, *state_index = nullptr, *scores = nullptr;
   float *gate_logits = nullptr, *route_w = nullptr, *slot_w = nullptr, *part_acc = nullptr, *part_ml = nullptr;
   float* logits = nullptr;
@@ -169,6 +171,8 @@ struct CudaExecutor::Scratch {
     gus = k.take<std::uint16_t>(T * 2 * I);
     hsq = k.take<std::uint8_t>(T * I);
     hss = k.take<float>(T * ceil_div(I, 128));
+    xsq = k.take<std::uint8_t>(T * D);
+    xss = k.take<float>(T * ceil_div(D, 128));
     ys = k.take<std::uint16_t>(T * D);
     head_y = k.take<std::uint16_t>(logits_rows * D);
     logits = k.take<float>(logits_rows * V);
@@ -856,13 +860,14 @@ void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const Gpu
   const float limit = static_cast<float>(c.swiglu_limit);
 
   {
-    ProfileScope prof(*this, "moe: hc_pre + quantize");
+    ProfileScope prof(*this, "moe: hc_pre");
     hc_pre(h, w.hc_ffn, w.ffn_norm, shape, cap, s.x, s.post, s.comb, n_dev, s.hc_scratch, st);
-    quantize_activations(s.x, D, cap, D, s.xq, s.xs, n_dev, st);  // (the routed and shared experts' input)
   }
   // The shared expert (weight 1) needs only x: it runs on a second stream beside the routing and
   // the routed experts, whose routing kernels leave most SMs idle, and is joined before the
-  // combine. A profiled step runs it in line, so that each family's time is its own.
+  // combine. It quantizes its own copy of x, so that the routed chain keeps the quantization
+  // between the permutation and the expert products (gemm_quantized_experts wants the tile map
+  // from two launches back). A profiled step runs it in line, so that each family's time is its own.
   const bool beside = !profiling_;
   if (beside) {
     shared_fork_.record(stream_);
@@ -871,8 +876,9 @@ void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const Gpu
   {
     ProfileScope prof(*this, "moe: shared expert");
     const gpu_stream_t sst = beside ? side_stream_.handle() : st;
-    gemm_quantized(QuantizedRows{s.xq, s.xs, D}, cap, w.shared_w1, GemmOutput{s.gus, 2 * I, false}, n_dev, sst, gemm_path_);
-    gemm_quantized(QuantizedRows{s.xq, s.xs, D}, cap, w.shared_w3, GemmOutput{s.gus + I, 2 * I, false}, n_dev, sst, gemm_path_);
+    quantize_activations(s.x, D, cap, D, s.xsq, s.xss, n_dev, sst);
+    gemm_quantized(QuantizedRows{s.xsq, s.xss, D}, cap, w.shared_w1, GemmOutput{s.gus, 2 * I, false}, n_dev, sst, gemm_path_);
+    gemm_quantized(QuantizedRows{s.xsq, s.xss, D}, cap, w.shared_w3, GemmOutput{s.gus + I, 2 * I, false}, n_dev, sst, gemm_path_);
     swiglu_quantize(s.gus, cap, n_dev, I, limit, nullptr, s.hsq, s.hss, sst);
     gemm_quantized(QuantizedRows{s.hsq, s.hss, I}, cap, w.shared_w2, GemmOutput{s.ys, D, false}, n_dev, sst, gemm_path_);
   }
@@ -918,6 +924,7 @@ void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const Gpu
     perm.tile_rows = s.tile_rows;
     perm.num_tiles = s.num_tiles;
     moe_permute(perm, st);
+    quantize_activations(s.x, D, cap, D, s.xq, s.xs, n_dev, st);  // (two launches after the tile map)
     ExpertTiles tiles{s.source_row, s.tile_expert, s.tile_row0, s.tile_rows, s.num_tiles,
                       moe_max_tiles(cap, K, E, tile_m), tile_m, cap};
     gemm_quantized_experts(QuantizedRows{s.xq, s.xs, D}, tiles, w.experts_w13, GemmOutput{s.gu, 2 * I, false}, st);

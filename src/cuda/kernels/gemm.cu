@@ -624,10 +624,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) few_rows_fp4_bulk_kern
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
   __shared__ float partial[kFewWarps][32][4];
   __shared__ std::uint64_t landed[kFewWarps][kFp4RingMax];
-  // Launched dependent (dependent_launch.cuh): the tile map and the activations may come from the
-  // kernel just before; the launch and this CTA's placement overlap its end.
-  grid_dependency_wait();
-  grid_dependents_launch();
   const RowTile tile = row_tile(blockIdx.y, kSmallRows, args.rows, args.rows_dev, args.tiles, args.experts);
   if (!tile.valid) return;
   if (tile.count > x_rows) __trap();  // (a tile past ExpertTiles::rows_bound)
@@ -660,6 +656,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) few_rows_fp4_bulk_kern
     for (int r = 0; r < ring; ++r) mbarrier_init(&landed[warp][r], 1);
     for (int i = 0; i < ring && u_begin + i * kSlotUnits < u_end; ++i) issue(u_begin + i * kSlotUnits, i);
   }
+  // Launched dependent: the tile map and the weights were complete before the kernel before this
+  // one began (gemm_quantized_experts), so the first copies are in flight while that kernel ends;
+  // the activations may come from it.
+  grid_dependency_wait();
+  grid_dependents_launch();
 
   // The tile's activations, while the first units are in flight: tokens m < count, 16 bytes a step
   // (two 8-byte pieces: k 16 c .. 16 c + 15 is block s = (c % 8) / 2, lane t = 2 (c % 2) + p).

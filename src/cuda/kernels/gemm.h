@@ -138,7 +138,10 @@ std::string gemm_library_calibration();
 // out[r] = W . dequant(a[r]) for rows [0, rows): fp8/fp4 weights only.
 void gemm_quantized(const QuantizedRows& a, std::int64_t rows, const DeviceWeight& w, const GemmOutput& out,
                     const std::int32_t* rows_dev, gpu_stream_t stream, GemmPath path = GemmPath::kAuto);
-// The same over expert-grouped rows (w holds the stacked experts).
+// The same over expert-grouped rows (w holds the stacked experts). Its few-rows fp4 kernel is
+// launched dependent (kernels/dependent_launch.cuh) and reads the tile map and starts its weight
+// copies before waiting for the kernel launched just before it: the tile map must come from a
+// kernel at least two launches back (or a copy), while the activations may come from the last one.
 void gemm_quantized_experts(const QuantizedRows& a, const ExpertTiles& tiles, const DeviceWeight& w,
                             const GemmOutput& out, gpu_stream_t stream);
 
