@@ -144,7 +144,7 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
   auto bytes = [](std::int64_t n) { return static_cast<std::size_t>(std::max<std::int64_t>(n, 1)); };
 
   // Activations and routing buffers, sized for the largest token count.
-  DeviceBuffer x(bytes(max_tokens * D * 2)), logits(bytes(std::max(max_tokens, gpu::kMaxKSplits * std::min<std::int64_t>(max_tokens, gpu::kKSplitMaxRows)) * E * 4)), bias(bytes(E * 4));
+  DeviceBuffer x(bytes(max_tokens * D * 2)), logits(bytes(gpu::moe_gate_logit_floats(max_tokens, E) * 4)), bias(bytes(E * 4));
   DeviceBuffer route_e(bytes(max_pairs * 4)), route_w(bytes(max_pairs * 4));
   DeviceBuffer xq(bytes(max_tokens * D)), xs(bytes(max_tokens * ((D + 127) / 128) * 4));
   DeviceBuffer source_row(bytes(max_pairs * 4)), slot_of(bytes(max_pairs * 4)), slot_w(bytes(max_pairs * 4)),
@@ -253,13 +253,7 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
     // w2, 5 after it.
     auto moe_run = [&](int c, auto&& mark) {
       mark(0);
-      // (as the executor: at decode the gate's k is split over more CTAs, moe_route adds the partials)
-      const int gate_splits = gate_path == GemmPath::kAuto ? gpu::gemm_k_splits(cap, gate_of(c)) : 1;
-      if (gate_splits > 1)
-        gpu::gemm_bf16_k_partials(x.as<std::uint16_t>(), D, cap, gate_of(c), gate_splits, logits.as<float>(), cap * E, n_dev, st);
-      else
-        gpu::gemm_bf16(x.as<std::uint16_t>(), D, cap, gate_of(c), 1, gpu::GemmOutput{logits.data(), E, true}, n_dev, st,
-                       gate_path);
+      const int gate_splits = gpu::moe_gate(x.as<std::uint16_t>(), cap, gate_of(c), logits.as<float>(), n_dev, gate_path, st);
       mark(1);
       gpu::MoeRouteArgs route;
       route.step = step.get();

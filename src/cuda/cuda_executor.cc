@@ -152,8 +152,7 @@ struct CudaExecutor::Scratch {
     zs = k.take<float>(T * ceil_div(GO, 128));
     attn_out = k.take<std::uint16_t>(T * D);
     ffn_out = k.take<std::uint16_t>(T * D);
-    // (fp32 partials over k ranges at decode: gemm.h gemm_bf16_k_partials)
-    gate_logits = k.take<float>(std::max(T, kMaxKSplits * std::min(T, kKSplitMaxRows)) * E);
+    gate_logits = k.take<float>(moe_gate_logit_floats(T, E));
     route_e = k.take<std::int32_t>(T * K);
     route_w = k.take<float>(T * K);
     source_row = k.take<std::int32_t>(T * K);
@@ -885,15 +884,12 @@ void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const Gpu
   if (beside) shared_join_.record(side_stream_);
   {
     ProfileScope prof(*this, "moe: gate + route");
-    // Routing (fp32 gate; at decode the gate's k is split over more CTAs, route adds the partials).
-    const int gate_splits = gemm_path_ == GemmPath::kAuto ? gemm_k_splits(cap, w.gate) : 1;
-    if (gate_splits > 1) gemm_bf16_k_partials(s.x, D, cap, w.gate, gate_splits, s.gate_logits, cap * E, n_dev, st);
-    else gemm_bf16(s.x, D, cap, w.gate, 1, GemmOutput{s.gate_logits, E, true}, n_dev, st, gemm_path_);
+    // Routing (fp32 gate; at decode its k is split over more CTAs, and route adds the partials).
     MoeRouteArgs route;
     route.step = step;
     route.capacity = cap;
     route.logits = s.gate_logits;
-    route.logit_splits = gate_splits;
+    route.logit_splits = moe_gate(s.x, cap, w.gate, s.gate_logits, n_dev, gemm_path_, st);
     route.split_stride = cap * E;
     route.experts = static_cast<std::int32_t>(E);
     route.top_k = static_cast<std::int32_t>(K);

@@ -165,5 +165,4 @@ int gemm_k_splits(std::int64_t rows, const DeviceWeight& w);
 void gemm_bf16_k_partials(const std::uint16_t* a, std::int64_t lda, std::int64_t rows, const DeviceWeight& w, int splits,
                           float* out, std::int64_t split_stride, const std::int32_t* rows_dev, gpu_stream_t stream);
 
-
 }  // namespace dsv4::gpu

@@ -1,6 +1,8 @@
 // MoE routing, permutation, SwiGLU and combine kernels (moe.h).
 #include "cuda/kernels/moe.h"
 
+#include <algorithm>
+
 #include "cuda/kernels/dependent_launch.cuh"
 #include "cuda/kernels/launch_check.h"
 #include "cuda/device.h"
@@ -246,6 +248,18 @@ __global__ void combine_kernel(const DeviceStep* step, std::int32_t top_k, const
 }
 
 }  // namespace
+
+std::int64_t moe_gate_logit_floats(std::int64_t rows, std::int64_t experts) {
+  return std::max(rows, kMaxKSplits * std::min(rows, kKSplitMaxRows)) * experts;
+}
+
+int moe_gate(const std::uint16_t* x, std::int64_t rows, const DeviceWeight& gate, float* logits,
+             const std::int32_t* rows_dev, GemmPath path, gpu_stream_t stream) {
+  const int splits = path == GemmPath::kAuto ? gemm_k_splits(rows, gate) : 1;
+  if (splits > 1) gemm_bf16_k_partials(x, gate.k, rows, gate, splits, logits, rows * gate.n, rows_dev, stream);
+  else gemm_bf16(x, gate.k, rows, gate, 1, GemmOutput{logits, gate.n, true}, rows_dev, stream, path);
+  return splits;
+}
 
 void moe_route(const MoeRouteArgs& args, gpu_stream_t stream) {
   if (args.capacity <= 0) return;

@@ -1,6 +1,8 @@
 // The MoE feed-forward's kernels besides the expert products (SPEC.md 3.5, 5a). CPU twins:
 // cpu/moe.h (moe_gate_scores, moe_route_scores, moe_route_hash, swiglu_clamped, moe_forward).
 //
+//   moe_gate         the gate's fp32 logits (the gate GEMM; at decode its k split into partials
+//                    that moe_route adds).
 //   moe_route        scores s = sqrt(softplus(gate logits)); experts from tid2eid[token] (hash
 //                    layers) or the top-k of s + bias (ties to the lower id); weights = the
 //                    chosen s (without bias) normalised in choice order, times the scaling factor.
@@ -17,9 +19,19 @@
 #include <cstdint>
 
 #include "cuda/device_step.h"
+#include "cuda/kernels/gemm.h"
 #include "cuda/stream_handle.h"
 
 namespace dsv4::gpu {
+
+// The gate's logits of `rows` rows of x (bf16 [rows][gate.k]) against the bf16 gate [experts][k]:
+// at decode (path kAuto) its k split over CTAs into gemm_k_splits fp32 partials
+// (gemm_bf16_k_partials), else one product (gemm_bf16). Returns the number of partials, for
+// MoeRouteArgs::logit_splits, with split_stride rows * experts. `logits` holds
+// moe_gate_logit_floats(rows, experts) floats; a buffer sized for the most rows serves fewer.
+std::int64_t moe_gate_logit_floats(std::int64_t rows, std::int64_t experts);
+int moe_gate(const std::uint16_t* x, std::int64_t rows, const DeviceWeight& gate, float* logits,
+             const std::int32_t* rows_dev, GemmPath path, gpu_stream_t stream);
 
 struct MoeRouteArgs {
   const DeviceStep* step = nullptr;
