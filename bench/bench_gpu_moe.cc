@@ -137,8 +137,8 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
   const std::int64_t max_tokens = *std::max_element(tokens_list.begin(), tokens_list.end());
   const std::int64_t max_pairs = max_tokens * K;
   std::int32_t max_tiles = 1;
-  for (std::int64_t t : tokens_list)
-    max_tiles = std::max(max_tiles, gpu::moe_max_tiles(t, K, E, gpu::expert_tile_rows(t * K, E)));
+  // (the bound for the shortest tiles, whatever height expert_tile_rows picks)
+  for (std::int64_t t : tokens_list) max_tiles = std::max(max_tiles, gpu::moe_max_tiles(t, K, E, gpu::kSmallRows));
   gpu::Stream stream;
   const gpu_stream_t st = stream.handle();
   auto bytes = [](std::int64_t n) { return static_cast<std::size_t>(std::max<std::int64_t>(n, 1)); };
@@ -236,7 +236,7 @@ void run_shape(const Shape& s, const std::vector<std::int64_t>& tokens_list, int
     const auto cap = static_cast<std::int32_t>(T);
     const std::int32_t* n_dev = step.n_tokens();
     const GemmPath gate_path = T <= kMaxDecodeTokens ? GemmPath::kAuto : GemmPath::kAutoPrefill;
-    const std::int32_t tile_m = gpu::expert_tile_rows(T * K, E);
+    const std::int32_t tile_m = gpu::expert_tile_rows(T * K, E, w13_of(0), w2_of(0));
     const gpu::ExpertTiles tiles{source_row.as<std::int32_t>(),
                                  tile_expert.as<std::int32_t>(),
                                  tile_row0.as<std::int32_t>(),

@@ -903,7 +903,7 @@ void CudaExecutor::ffn_layer(const DeviceStep* step, std::int32_t cap, const Gpu
   // Routed experts over rows grouped by expert.
   {
     ProfileScope prof(*this, "moe: routed experts");
-    const std::int32_t tile_m = expert_tile_rows(static_cast<std::int64_t>(cap) * K, E);
+    const std::int32_t tile_m = expert_tile_rows(static_cast<std::int64_t>(cap) * K, E, w.experts_w13, w.experts_w2);
     MoePermuteArgs perm;
     perm.step = step;
     perm.experts = static_cast<std::int32_t>(E);

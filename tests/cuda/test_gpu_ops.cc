@@ -21,6 +21,7 @@
 #include "cpu/moe.h"
 #include "cpu/rms_norm.h"
 #include "cuda/kernels/gemm.h"
+#include "cuda/kernels/gemm_experts_wgmma.h"
 #include "cuda/kernels/hyper.h"
 #include "cuda/kernels/moe.h"
 #include "gpu_step.h"
@@ -427,21 +428,36 @@ TEST(GpuOps, GemmFp4SpecialScales) {
     DevArray<float> scales(static_cast<std::size_t>(rows * ((sh.k + 127) / 128)));
     gpu::quantize_activations(dx.get(), sh.k, rows, sh.k, codes.get(), scales.get(), nullptr, st());
     const gpu::QuantizedRows qa{codes.get(), scales.get(), sh.k};
-    const auto product = [&](const gpu::DeviceWeight& w) {
+    // The few-rows kernel, and for tiled shapes also the wgmma expert kernel (the weight as one
+    // expert, the rows as one tile of kWgmmaExpertRows).
+    const bool tiled = gpu::fp4_tiled(sh.n, sh.k);
+    DevArray<std::int32_t> t_src(std::vector<std::int32_t>{0, 1, 2}), t_zero(std::vector<std::int32_t>{0}),
+        t_rows(std::vector<std::int32_t>{static_cast<std::int32_t>(rows)}), t_num(std::vector<std::int32_t>{1});
+    const auto product = [&](const gpu::DeviceWeight& w, bool wgmma) {
       DevArray<float> out(static_cast<std::size_t>(rows * sh.n));
-      gpu::gemm_quantized(qa, rows, w, gpu::GemmOutput{out.get(), sh.n, true}, nullptr, st(), GemmPath::kFewRows);
+      if (wgmma) {
+        const gpu::ExpertTiles tiles{t_src.get(), t_zero.get(), t_zero.get(), t_rows.get(), t_num.get(), 1, gpu::kWgmmaExpertRows};
+        gpu::gemm_quantized_experts(qa, tiles, w, gpu::GemmOutput{out.get(), sh.n, true}, st());
+      } else {
+        gpu::gemm_quantized(qa, rows, w, gpu::GemmOutput{out.get(), sh.n, true}, nullptr, st(), GemmPath::kFewRows);
+      }
       return out.download();
     };
 
-    // Plain scales: the check says so, and where the flag picks the decoding (the bulk kernel, for
-    // tiled shapes; the untiled kernel always tests the bytes) both decodings give the same bits.
+    // Plain scales: the check says so, and where the flag picks the decoding (the bulk and wgmma
+    // kernels, for tiled shapes; the untiled kernel always tests the bytes) both decodings give the
+    // same bits.
     DevWeight gw = upload_weight(tw);
     EXPECT_TRUE(gw.w.fp4_scales_normal) << shape;
-    if (gpu::fp4_tiled(sh.n, sh.k)) {
-      const std::vector<float> fast = product(gw.w);
-      gw.w.fp4_scales_normal = false;
-      const std::vector<float> checked = product(gw.w);
-      EXPECT_EQ(std::memcmp(fast.data(), checked.data(), fast.size() * sizeof(float)), 0) << shape << ": the decodings differ";
+    if (tiled) {
+      for (bool wgmma : {false, true}) {
+        gw.w.fp4_scales_normal = true;
+        const std::vector<float> fast = product(gw.w, wgmma);
+        gw.w.fp4_scales_normal = false;
+        const std::vector<float> checked = product(gw.w, wgmma);
+        EXPECT_EQ(std::memcmp(fast.data(), checked.data(), fast.size() * sizeof(float)), 0)
+            << shape << (wgmma ? " (wgmma)" : "") << ": the decodings differ";
+      }
     }
 
     // Row 1: every byte 0; row 6: block 1 is 255 (its outputs NaN); row 11: block 0 is 0.
@@ -454,27 +470,29 @@ TEST(GpuOps, GemmFp4SpecialScales) {
     ts.scales_u8[static_cast<std::size_t>(6 * kb + 1)] = 0xff;
     const DevWeight gs = upload_weight(ts);
     EXPECT_FALSE(gs.w.fp4_scales_normal) << shape;
-    const std::vector<float> got = product(gs.w);
-    std::int64_t bad = 0;
-    std::string first;
-    for (std::int64_t r = 0; r < rows; ++r) {
-      std::vector<float> xs(x.begin() + r * sh.k, x.begin() + (r + 1) * sh.k);
-      fp8_simulate_activation(xs);
-      for (std::int64_t o = 0; o < sh.n; ++o) {
-        double m = 0, e = 0;
-        for (std::int64_t c = 0; c < sh.k; ++c) {
-          const double p = static_cast<double>(xs[static_cast<std::size_t>(c)]) * ts.values[static_cast<std::size_t>(o * sh.k + c)];
-          m += std::fabs(p);
-          e += p;
+    for (bool wgmma : tiled ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+      const std::vector<float> got = product(gs.w, wgmma);
+      std::int64_t bad = 0;
+      std::string first;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        std::vector<float> xs(x.begin() + r * sh.k, x.begin() + (r + 1) * sh.k);
+        fp8_simulate_activation(xs);
+        for (std::int64_t o = 0; o < sh.n; ++o) {
+          double m = 0, e = 0;
+          for (std::int64_t c = 0; c < sh.k; ++c) {
+            const double p = static_cast<double>(xs[static_cast<std::size_t>(c)]) * ts.values[static_cast<std::size_t>(o * sh.k + c)];
+            m += std::fabs(p);
+            e += p;
+          }
+          const float g = got[static_cast<std::size_t>(r * sh.n + o)];
+          const bool ok = o == 6 ? std::isnan(g) : std::fabs(static_cast<double>(g) - e) <= 1e-3 * m && (e == 0) == (g == 0.0f);
+          if (!ok && bad++ == 0) first = fmt::format("row {} output {}: got {} expected {}", r, o, g, e);
         }
-        const float g = got[static_cast<std::size_t>(r * sh.n + o)];
-        const bool ok = o == 6 ? std::isnan(g) : std::fabs(static_cast<double>(g) - e) <= 1e-3 * m && (e == 0) == (g == 0.0f);
-        if (!ok && bad++ == 0) first = fmt::format("row {} output {}: got {} expected {}", r, o, g, e);
       }
+      EXPECT_EQ(bad, 0) << shape << (wgmma ? " (wgmma)" : "") << ": " << first;
+      report_line("gemm_quantized (fp4 scales)", wgmma ? shape + " wgmma experts" : shape, "-", "-", fmt::format("{} bad", bad),
+                  tiled ? "bytes 0 / 255 exact; plain decoding bit-identical" : "bytes 0 / 255 exact");
     }
-    EXPECT_EQ(bad, 0) << shape << ": " << first;
-    report_line("gemm_quantized (fp4 scales)", shape, "-", "-", fmt::format("{} bad", bad),
-                gpu::fp4_tiled(sh.n, sh.k) ? "bytes 0 / 255 exact; plain decoding bit-identical" : "bytes 0 / 255 exact");
   }
 }
 
@@ -856,13 +874,13 @@ TEST(GpuOps, GemmGroupedFp8) {
   }
 }
 
-// gemm_quantized_experts with a hand-built tile map (tile_m 8 and 128).
+// gemm_quantized_experts with a hand-built tile map (tile_m 8, 64 for tiled fp4 experts, and 128).
 TEST(GpuOps, GemmQuantizedExperts) {
   const std::int64_t E = 4, n = small() ? 96 : 1024, tokens = 40;
   const std::vector<std::int64_t> counts = {9, 0, 130, 1};  // rows per expert
   // fp4 experts are tiled (gemm.h fp4_tiled), so their few-rows products take the bulk-copy
   // kernel; at k 4096 a warp's 16 units pass its ring twice.
-  const std::vector<std::int64_t> ks = small() ? std::vector<std::int64_t>{256, 1536} : std::vector<std::int64_t>{1920, 4096};
+  const std::vector<std::int64_t> ks = small() ? std::vector<std::int64_t>{128, 256, 1536} : std::vector<std::int64_t>{128, 1920, 4096};
   for (std::int64_t k : ks)
   for (WeightFormat f : {WeightFormat::kFp4, WeightFormat::kFp8}) {
     std::mt19937_64 rng(seed_of({6, static_cast<std::int64_t>(f), k}));
@@ -894,7 +912,8 @@ TEST(GpuOps, GemmQuantizedExperts) {
         linear(xr, 1, dw, std::span<float>(ref.data() + i * n, static_cast<std::size_t>(n)));
       }
     }
-    for (int tile_m : {gpu::kSmallRows, gpu::kTileRows}) {
+    for (int tile_m : {gpu::kSmallRows, gpu::kWgmmaExpertRows, gpu::kTileRows}) {
+      if (tile_m == gpu::kWgmmaExpertRows && !gpu::experts_fp4_wgmma_supported(gw.w)) continue;
       std::vector<std::int32_t> t_expert, t_row0, t_rows;
       for (std::int64_t e = 0, row0 = 0; e < E; ++e) {
         const std::int64_t c = counts[static_cast<std::size_t>(e)];
@@ -921,6 +940,12 @@ TEST(GpuOps, GemmQuantizedExperts) {
       const std::string shape = fmt::format("{} tile_m {} E {} rows {} n {} k {}", fmt_name(f), tile_m, E, total, n, k);
       EXPECT_EQ(s.nonfinite, 0) << shape;
       EXPECT_LT(s.rel_l2(), 1e-2) << shape;
+      // The wgmma kernel multiplies exact f16 values and sums in fp32, as the tile kernels do: its
+      // bf16 outputs may differ from the CPU's only where a sum sits on a rounding boundary. (Its
+      // first form, on FP8 wgmma, whose tensor-core sums keep fewer bits, differed in 2%.)
+      if (tile_m == gpu::kWgmmaExpertRows) {
+        EXPECT_LE(s.differing * 1000, s.n) << shape;
+      }
       report("gemm_quantized_experts", shape, s, fmt::format("{}/{} differ", s.differing, s.n), "rows per expert 9,0,130,1");
     }
   }
@@ -1508,7 +1533,7 @@ TEST(GpuOps, MoeLayer) {
         DevArray<std::uint16_t> dx(to_bf16(x));
         DevArray<std::uint8_t> xq(static_cast<std::size_t>(T * l.D));
         DevArray<float> xs(static_cast<std::size_t>(T * ((l.D + 127) / 128)));
-        const std::int32_t tile_m = gpu::expert_tile_rows(T * l.K, l.E);
+        const std::int32_t tile_m = gpu::expert_tile_rows(T * l.K, l.E, g13.w, g2.w);
         const std::int32_t max_tiles = gpu::moe_max_tiles(T, l.K, l.E, tile_m);
         const std::size_t pairs = static_cast<std::size_t>(T * l.K);
         DevArray<std::int32_t> src(pairs), slot_of(pairs), num_rows(1), te(static_cast<std::size_t>(max_tiles)), tr0(static_cast<std::size_t>(max_tiles)),

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "cuda/kernels/dependent_launch.cuh"
+#include "cuda/kernels/gemm_experts_wgmma.h"
 #include "cuda/kernels/gemm_library.h"
 #include "cuda/kernels/gemm_output.cuh"
 #include "cuda/kernels/gemm_stream.h"
@@ -1258,8 +1259,9 @@ bool gemm_library_supports(std::int64_t rows, const DeviceWeight& w, const GemmO
 std::string gemm_library_refusal() { return cublaslt::last_refusal(); }
 std::string gemm_library_calibration() { return cublaslt::calibration(); }
 
-int expert_tile_rows(std::int64_t total_rows, std::int64_t experts) {
-  return experts > 0 && total_rows <= 16 * experts ? kSmallRows : kTileRows;
+int expert_tile_rows(std::int64_t total_rows, std::int64_t experts, const DeviceWeight& w13, const DeviceWeight& w2) {
+  if (experts > 0 && total_rows <= 16 * experts) return kSmallRows;
+  return experts_fp4_wgmma_supported(w13) && experts_fp4_wgmma_supported(w2) ? kWgmmaExpertRows : kTileRows;
 }
 
 void quantize_activations(const std::uint16_t* x, std::int64_t ld, std::int64_t rows, std::int64_t k,
@@ -1329,6 +1331,10 @@ void gemm_quantized_experts(const QuantizedRows& a, const ExpertTiles& tiles, co
     SmallArgs s{a.codes, a.scales, nullptr, 0, 0, w.k, w, 0, out, 0, nullptr, tiles, true};
     if (w.format == WeightFormat::kFp8) launch_few_fp8(s, tiles.max_tiles, stream);
     else launch_few_fp4(s, tiles.max_tiles, stream);
+    return;
+  }
+  if (tiles.tile_m == kWgmmaExpertRows) {
+    gemm_experts_fp4_wgmma(a, tiles, w, out, stream);
     return;
   }
   if (tiles.tile_m != kTileRows) launch_error("gemm_quantized_experts: tiles of {} rows", {tiles.tile_m});

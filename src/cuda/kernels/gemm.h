@@ -11,7 +11,8 @@
 // loading the weight straight into registers; for many rows tensor-core tile kernels (128 x 128
 // tiles through shared memory). Both use mma.sync e4m3 for fp8/fp4 weights (fp4 values rebuilt as
 // e4m3) and mma.sync bf16 for bf16 activations. The same entry points serve dense layers and the
-// MoE experts (rows grouped by expert through a tile map).
+// MoE experts (rows grouped by expert through a tile map); tiled fp4 experts with many rows each
+// take the wgmma kernel of gemm_experts_wgmma.h instead of the tiles.
 // Shapes: weights [n, k] row-major (one output feature per row); k a multiple of 32.
 #pragma once
 
@@ -71,7 +72,7 @@ struct ExpertTiles {
   const std::int32_t* tile_rows = nullptr;
   const std::int32_t* num_tiles = nullptr;
   std::int32_t max_tiles = 0;  // grid bound
-  std::int32_t tile_m = 0;     // rows per tile the map was built for (kSmallRows or kTileRows)
+  std::int32_t tile_m = 0;     // rows per tile the map was built for (kSmallRows, kWgmmaExpertRows, kTileRows)
   // No tile holds more rows than this (0: tile_m). An expert gets each token at most once, so the
   // step's token count bounds it; the few-rows fp4 kernel then stages only that many activation
   // rows and gives the shared memory it saves to its weight ring. A tile past the bound traps.
@@ -98,8 +99,10 @@ inline constexpr int kSmallRows = 8;    // rows the few-rows kernel takes at onc
 inline constexpr int kTileRows = 128;   // rows of a tensor-core tile
 
 // The tile height to build expert tiles with, for `total_rows` routed rows over `experts`
-// experts: kSmallRows (few-rows kernel) when experts get few rows each, else kTileRows.
-int expert_tile_rows(std::int64_t total_rows, std::int64_t experts);
+// experts whose products are `w13` then `w2` (one tile map serves both): kSmallRows (few-rows
+// kernel) when experts get few rows each; else kWgmmaExpertRows (gemm_experts_wgmma.h) where that
+// kernel runs both weights, kTileRows otherwise.
+int expert_tile_rows(std::int64_t total_rows, std::int64_t experts, const DeviceWeight& w13, const DeviceWeight& w2);
 
 // codes/scales for rows [0, rows) of x (bf16 [rows][ld], the first k columns). `rows_dev`,
 // when set, is a device count that limits the rows actually quantized (graph replay).

@@ -1,0 +1,274 @@
+// The fp4 expert product through wgmma with the weight in registers (gemm_experts_wgmma.h).
+#include "cuda/kernels/gemm_experts_wgmma.h"
+
+#include <cstdint>
+
+#include "cuda/device.h"
+#include "cuda/kernels/gemm_output.cuh"
+#include "cuda/kernels/launch_check.h"
+#include "cuda/kernels/numerics.cuh"
+
+namespace dsv4::gpu {
+namespace {
+
+constexpr int kTokens = kWgmmaExpertRows;     // the wgmma's N
+constexpr int kStages = 4;                    // units in flight (at least 3: see the main loop)
+constexpr int kTokenChunks = kTokens * 8;     // 16-byte chunks of the tokens' codes a unit
+// A CTA of kWarpgroups warpgroups takes 64 of them weight rows (outputs): groups of 16, a warp each.
+// One stage (one 128-wide unit of k): the warps' 1,024-byte weight blocks, their 64-byte scale
+// blocks, then the tokens' e4m3 codes as they are in memory (token m's 128 bytes at 128 m). The
+// tokens are widened to f16 (exact) into one of two buffers in wgmma's K-major layout, value (m,
+// l) at (m / 8) * 2048 + (l / 8) * 128 + (m % 8) * 16 + (l % 8) * 2 (core matrices adjacent along
+// k 128 bytes apart, lbo; along the tokens 2,048, sbo), where the product's k position l holds
+// the code at k(l): inside each 16-wide step, positions 2 q + i and 8 + 2 q + i (q = 0..3, i = 0, 1)
+// hold k 8 (q / 2) + 4 (q % 2) + i and that + 2. The weight's A fragments follow the same order
+// (a dot product's terms may come in any order), which gives thread q four adjacent fp4 values.
+constexpr int kWarpgroups = 3;
+constexpr int kThreads = 128 * kWarpgroups, kWarps = 4 * kWarpgroups;
+constexpr int kWeightBytes = kWarps * 1024, kScaleBytes = kWarps * 64, kTokenBytes = kTokens * 128;
+constexpr int kStageBytes = kWeightBytes + kScaleBytes + kTokenBytes;
+constexpr int kHalfBytes = kTokens * 128 * 2;  // one f16 token buffer
+constexpr int kChunksPerThread = (kTokenChunks + kThreads - 1) / kThreads;
+static_assert(kStageBytes % 128 == 0 && kStages >= 3);
+// Dynamic shared memory: the stages, the two f16 token buffers, the tile's activation scales
+// [unit][token].
+constexpr std::int64_t smem_bytes(int units) {
+  return static_cast<std::int64_t>(kStages) * kStageBytes + 2 * kHalfBytes + units * kTokens * 4;
+}
+constexpr int kMaxUnits = static_cast<int>(kFp4TiledMaxK / 128);
+
+struct ExpertWgmmaArgs {
+  const std::uint8_t* a_codes;  // [rows][k] e4m3
+  const float* a_scales;        // [rows][k / 128]
+  std::int64_t k;
+  DeviceWeight w;
+  GemmOutput out;
+  ExpertTiles tiles;
+};
+
+// The e4m3 bytes (times 2^-6, numerics.cuh) of a word's values 0..3 (half 0: low nibbles) or 4..7
+// (half 1: high nibbles), by rotations chosen per lane: r1 = 2 or 30 puts the magnitude bits at
+// 2..4 of each byte, r2 = 4 or 0 the sign at bit 7 (what rotates around lands outside the masks).
+__device__ __forceinline__ std::uint32_t e2m1_half_as_e4m3(std::uint32_t w, unsigned r1, unsigned r2) {
+  return (__funnelshift_l(w, w, r1) & 0x1c1c1c1cu) | (__funnelshift_l(w, w, r2) & 0x80808080u);
+}
+__device__ __forceinline__ std::uint32_t word_of(const uint4& v, int s) {
+  return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w;
+}
+
+template <bool kNormalScales>
+__global__ void __launch_bounds__(kThreads, 1) experts_fp4_wgmma_kernel(ExpertWgmmaArgs args) {
+  DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
+  __shared__ std::uint64_t landed[kStages];
+  const int tile = static_cast<int>(blockIdx.y);
+  if (tile >= *args.tiles.num_tiles) return;
+  const std::int64_t first = args.tiles.tile_row0[tile];
+  const int count = args.tiles.tile_rows[tile];
+  const int expert = args.tiles.tile_expert[tile];
+  if (count <= 0) return;
+  if (count > kTokens) __trap();  // (a tile map built for taller tiles)
+  // (the warp index broadcast from lane 0, so the compiler knows the copy addresses warp-uniform)
+  const int tid = static_cast<int>(threadIdx.x), warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
+  const int g = lane >> 2, q = lane & 3;
+  const std::int64_t k = args.k;
+  const int units = static_cast<int>(k / 128);
+  const std::int64_t groups = args.w.n / 16;
+  const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp;  // the warp's 16 rows
+  const bool active = group < groups;
+  // A warp past the weight's end multiplies its last group again and stores nothing (the
+  // warpgroup's products need all four warps).
+  const std::int64_t src_group = active ? group : groups - 1;
+  const auto* w_src = static_cast<const std::uint8_t*>(args.w.data) + expert * args.w.expert_stride + src_group * units * 1024;
+  const auto* s_src = static_cast<const std::uint8_t*>(args.w.scale) + expert * args.w.scale_stride + src_group * units * 64;
+  float* sas = reinterpret_cast<float*>(smem + static_cast<std::int64_t>(kStages) * kStageBytes + 2 * kHalfBytes);
+
+  // This thread's token chunks of every unit: chunks c = tid + kThreads i (chunk c % 8 of token
+  // c / 8); past the tile's rows they are zeros, past kTokenChunks none.
+  const std::uint8_t* row_src[kChunksPerThread];
+  bool row_ok[kChunksPerThread];
+  int row_dst[kChunksPerThread];
+  DSV4_UNROLL
+  for (int i = 0; i < kChunksPerThread; ++i) {
+    const int c = tid + kThreads * i, m = c >> 3, j = c & 7;
+    row_ok[i] = m < count;
+    const std::int64_t r = row_ok[i] ? (args.tiles.source_row != nullptr ? args.tiles.source_row[first + m] : first + m) : 0;
+    row_src[i] = args.a_codes + r * k + 16 * j;
+    row_dst[i] = c < kTokenChunks ? kWeightBytes + kScaleBytes + m * 128 + j * 16 : -1;
+  }
+  const auto issue = [&](int u) {  // unit u into stage u % kStages
+    std::uint8_t* st = smem + (u % kStages) * kStageBytes;
+    if (lane == 0) {
+      std::uint64_t* bar = &landed[u % kStages];
+      mbarrier_arrive_expect_tx(bar, 1024 + 64);
+      bulk_copy_to_shared(st + warp * 1024, w_src + static_cast<std::int64_t>(u) * 1024, 1024, bar);
+      bulk_copy_to_shared(st + kWeightBytes + warp * 64, s_src + static_cast<std::int64_t>(u) * 64, 64, bar);
+    }
+    DSV4_UNROLL
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      if (row_dst[i] >= 0) cp_async_16_zfill(st + row_dst[i], row_src[i] + static_cast<std::int64_t>(u) * 128, row_ok[i]);
+    }
+  };
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) mbarrier_init(&landed[s], kThreads / 32);  // one arrival a warp
+  }
+  __syncthreads();
+  // Widens this thread's token chunks of unit v (landed: its own copies, waited for) to f16 in
+  // buffer v % 2: chunk j of token m holds k 16 j .. 16 j + 15, core matrices 2 j and 2 j + 1.
+  std::uint8_t* halves = smem + static_cast<std::int64_t>(kStages) * kStageBytes;
+  const auto widen = [&](int v) {
+    const std::uint8_t* st = smem + (v % kStages) * kStageBytes;
+    std::uint8_t* h = halves + (v & 1) * kHalfBytes;
+    DSV4_UNROLL
+    for (int i = 0; i < kChunksPerThread; ++i) {
+      if (row_dst[i] < 0) continue;
+      const int c = tid + kThreads * i, m = c >> 3, j = c & 7;
+      const uint4 codes = *reinterpret_cast<const uint4*>(st + row_dst[i]);
+      std::uint8_t* to = h + (m >> 3) * 2048 + 2 * j * 128 + (m & 7) * 16;
+      // positions 0..7 <- k 0, 1, 4, 5, 8, 9, 12, 13; positions 8..15 <- k 2, 3, 6, 7, 10, 11, 14, 15
+      *reinterpret_cast<uint4*>(to) = make_uint4(e4m3x2_to_f16x2(codes.x), e4m3x2_to_f16x2(codes.y),
+                                                 e4m3x2_to_f16x2(codes.z), e4m3x2_to_f16x2(codes.w));
+      *reinterpret_cast<uint4*>(to + 128) = make_uint4(e4m3x2_to_f16x2(codes.x >> 16), e4m3x2_to_f16x2(codes.y >> 16),
+                                                       e4m3x2_to_f16x2(codes.z >> 16), e4m3x2_to_f16x2(codes.w >> 16));
+    }
+  };
+  // kStages - 1 units ahead; a group is committed per unit (empty past the last), so that waiting
+  // for all but the newest kStages - 2 groups waits for the oldest unit not yet widened.
+  for (int u = 0; u < kStages - 1; ++u) {
+    if (u < units) issue(u);
+    cp_async_commit();
+  }
+  cp_async_wait<kStages - 2>();
+  widen(0);
+  // The tile's activation scales [unit][token] (zero past its rows), while the first units land.
+  for (int i = tid; i < units * kTokens; i += kThreads) {
+    const int u = i / kTokens, m = i % kTokens;
+    float v = 0.0f;
+    if (m < count) {
+      const std::int64_t r = args.tiles.source_row != nullptr ? args.tiles.source_row[first + m] : first + m;
+      v = args.a_scales[r * units + u];
+    }
+    sas[i] = v;
+  }
+
+  // Thread (warp w, g, q) holds A rows g and g + 8 of its group. In the k16 step h of a 32-wide
+  // block s its positions 2 q, 2 q + 1 and 8 + 2 q, 8 + 2 q + 1 (a[0] and a[2] for row g) are
+  // values 0..3 of half q % 2 of the block's word 2 h + q / 2 (word t holds k 8 t .. 8 t + 7; word
+  // s of the row's 16-byte chunk t, gemm.h): one e4m3 rebuild of the half and two widenings.
+  const unsigned r1 = (q & 1) ? 30u : 2u, r2 = (q & 1) ? 0u : 4u;
+  const int c0 = 16 * (q >> 1), c2 = 16 * (2 + (q >> 1));
+  float acc[kTokens / 2];
+  DSV4_UNROLL
+  for (int i = 0; i < kTokens / 2; ++i) acc[i] = 0.0f;
+  for (int u = 0; u < units; ++u) {
+    fence_proxy_async_shared();  // (this thread's f16 tokens of unit u are read by wgmma, the async proxy)
+    __syncthreads();             // all of unit u's tokens are widened; unit u - 1's stage and buffer are free
+    if (u + kStages - 1 < units) issue(u + kStages - 1);
+    cp_async_commit();
+    const int stage = u % kStages;
+    mbarrier_wait(&landed[stage], static_cast<unsigned>((u / kStages) & 1));
+    const std::uint8_t* st = smem + stage * kStageBytes;
+    const std::uint8_t* wb = st + warp * 1024;
+    const uint4 lo_g = *reinterpret_cast<const uint4*>(wb + 64 * g + c0);
+    const uint4 hi_g = *reinterpret_cast<const uint4*>(wb + 64 * g + c2);
+    const uint4 lo_h = *reinterpret_cast<const uint4*>(wb + 64 * (g + 8) + c0);
+    const uint4 hi_h = *reinterpret_cast<const uint4*>(wb + 64 * (g + 8) + c2);
+    float ws_g[4], ws_h[4];
+    ue8m0x4_values<kNormalScales>(*reinterpret_cast<const std::uint32_t*>(st + kWeightBytes + warp * 64 + 4 * g), ws_g);
+    ue8m0x4_values<kNormalScales>(*reinterpret_cast<const std::uint32_t*>(st + kWeightBytes + warp * 64 + 4 * (g + 8)), ws_h);
+    const std::uint64_t desc = wgmma_descriptor(halves + (u & 1) * kHalfBytes, 128, 2048);
+    // Two blocks in flight: block s + 1 is issued before block s's product is waited for and added
+    // (times its weight scale) into the unit's sum, so the tensor cores work while it is added.
+    std::uint32_t a[2][8];
+    float part[2][kTokens / 2], unit[kTokens / 2];
+    const auto issue_block = [&](int s) {
+      std::uint32_t(&ab)[8] = a[s & 1];
+      const std::uint32_t e[4] = {e2m1_half_as_e4m3(word_of(lo_g, s), r1, r2), e2m1_half_as_e4m3(word_of(lo_h, s), r1, r2),
+                                  e2m1_half_as_e4m3(word_of(hi_g, s), r1, r2), e2m1_half_as_e4m3(word_of(hi_h, s), r1, r2)};
+      DSV4_UNROLL
+      for (int h = 0; h < 2; ++h) {  // step h: rows g, g + 8 from e[2 h], e[2 h + 1]
+        ab[4 * h + 0] = e4m3x2_to_f16x2(e[2 * h]);
+        ab[4 * h + 1] = e4m3x2_to_f16x2(e[2 * h + 1]);
+        ab[4 * h + 2] = e4m3x2_to_f16x2(e[2 * h] >> 16);
+        ab[4 * h + 3] = e4m3x2_to_f16x2(e[2 * h + 1] >> 16);
+      }
+      wgmma_fence();
+      DSV4_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        // k 32 s + 16 h: core matrices 4 s + 2 h and 4 s + 2 h + 1 along k (256 bytes each step)
+        const std::uint32_t(&ah)[4] = *reinterpret_cast<const std::uint32_t(*)[4]>(ab + 4 * h);
+        wgmma_m64k16_f16_rs<kTokens>(part[s & 1], ah, desc + static_cast<std::uint64_t>((256 * (2 * s + h)) >> 4), h > 0);
+      }
+      wgmma_commit();
+    };
+    const auto add_block = [&](int s) {  // after the wait that covers block s
+      wgmma_fence_operands(a[s & 1]);
+      wgmma_fence_operands(part[s & 1]);
+      DSV4_UNROLL
+      for (int i = 0; i < kTokens / 2; ++i) {
+        const float scaled = part[s & 1][i] * ((i & 2) ? ws_h[s] : ws_g[s]);
+        unit[i] = s == 0 ? scaled : unit[i] + scaled;
+      }
+    };
+    issue_block(0);
+    DSV4_UNROLL
+    for (int s = 0; s < 4; ++s) {
+      if (s < 3) {
+        issue_block(s + 1);
+        wgmma_wait<1>();
+      } else {
+        wgmma_wait<0>();
+      }
+      add_block(s);
+    }
+    // times the activation scales of the accumulator's tokens 8 jj + 2 q and 8 jj + 2 q + 1
+    const float* sa = sas + u * kTokens + 2 * q;
+    DSV4_UNROLL
+    for (int jj = 0; jj < kTokens / 8; ++jj) {
+      const float2 s2 = *reinterpret_cast<const float2*>(sa + 8 * jj);
+      acc[4 * jj + 0] += unit[4 * jj + 0] * s2.x;
+      acc[4 * jj + 1] += unit[4 * jj + 1] * s2.y;
+      acc[4 * jj + 2] += unit[4 * jj + 2] * s2.x;
+      acc[4 * jj + 3] += unit[4 * jj + 3] * s2.y;
+    }
+    // the next unit's tokens (its chunks are the newest group but kStages - 2 ones)
+    if (u + 1 < units) {
+      cp_async_wait<kStages - 2>();
+      widen(u + 1);
+    }
+  }
+  cp_async_wait_all();  // (only empty groups are left)
+  if (!active) return;
+  DSV4_UNROLL
+  for (int i = 0; i < kTokens / 2; ++i) {
+    const int m = 8 * (i / 4) + 2 * q + (i & 1);
+    const std::int64_t n = group * 16 + g + 8 * ((i >> 1) & 1);
+    if (m < count) store_out(args.out, first + m, n, acc[i] * kFp4Rebuild);
+  }
+}
+
+}  // namespace
+
+bool experts_fp4_wgmma_supported(const DeviceWeight& w) {
+  return w.format == WeightFormat::kFp4 && fp4_tiled(w.n, w.k) && w.n > 0;
+}
+
+void gemm_experts_fp4_wgmma(const QuantizedRows& a, const ExpertTiles& tiles, const DeviceWeight& w, const GemmOutput& out,
+                            gpu_stream_t stream) {
+  if (!experts_fp4_wgmma_supported(w))
+    launch_error("gemm_experts_fp4_wgmma: needs tiled fp4 experts (n {} a multiple of 16, k {} of 128 up to 8192)", {w.n, w.k});
+  if (tiles.tile_m != kWgmmaExpertRows) launch_error("gemm_experts_fp4_wgmma: tiles of {} rows", {tiles.tile_m});
+  if (a.k != w.k) launch_error("gemm_experts_fp4_wgmma: activations of {} columns for a weight of {}", {a.k, w.k});
+  if (tiles.max_tiles <= 0) return;
+  static const bool smem_set = [] {
+    set_max_dynamic_smem(experts_fp4_wgmma_kernel<true>, static_cast<std::size_t>(smem_bytes(kMaxUnits)));
+    set_max_dynamic_smem(experts_fp4_wgmma_kernel<false>, static_cast<std::size_t>(smem_bytes(kMaxUnits)));
+    return true;
+  }();
+  (void)smem_set;
+  const ExpertWgmmaArgs args{a.codes, a.scales, w.k, w, out, tiles};
+  const dim3 grid(static_cast<unsigned>((w.n / 16 + kWarps - 1) / kWarps), static_cast<unsigned>(tiles.max_tiles));
+  const auto bytes = static_cast<std::size_t>(smem_bytes(static_cast<int>(w.k / 128)));
+  launch(w.fp4_scales_normal ? experts_fp4_wgmma_kernel<true> : experts_fp4_wgmma_kernel<false>, grid, dim3(kThreads), bytes, stream, args);
+}
+
+}  // namespace dsv4::gpu
