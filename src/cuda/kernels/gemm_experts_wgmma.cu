@@ -12,7 +12,8 @@ namespace dsv4::gpu {
 namespace {
 
 constexpr int kTokens = kWgmmaExpertRows;     // the wgmma's N
-constexpr int kStages = 4;                    // units in flight (at least 3: see the main loop)
+constexpr int kStep = 2;                      // units a CTA-wide barrier covers
+constexpr int kStages = 3 * kStep;            // units in the ring (two steps ahead of the one at work)
 constexpr int kTokenChunks = kTokens * 8;     // 16-byte chunks of the tokens' codes a unit
 // A CTA of kWarpgroups warpgroups takes 64 of them weight rows (outputs): groups of 16, a warp each.
 // One stage (one 128-wide unit of k): the warps' 1,024-byte weight blocks, their 64-byte scale
@@ -29,11 +30,11 @@ constexpr int kWeightBytes = kWarps * 1024, kScaleBytes = kWarps * 64, kTokenByt
 constexpr int kStageBytes = kWeightBytes + kScaleBytes + kTokenBytes;
 constexpr int kHalfBytes = kTokens * 128 * 2;  // one f16 token buffer
 constexpr int kChunksPerThread = (kTokenChunks + kThreads - 1) / kThreads;
-static_assert(kStageBytes % 128 == 0 && kStages >= 3);
-// Dynamic shared memory: the stages, the two f16 token buffers, the tile's activation scales
-// [unit][token].
+static_assert(kStageBytes % 128 == 0);
+// Dynamic shared memory: the stages, the f16 token buffers of two steps, the tile's activation
+// scales [unit][token].
 constexpr std::int64_t smem_bytes(int units) {
-  return static_cast<std::int64_t>(kStages) * kStageBytes + 2 * kHalfBytes + units * kTokens * 4;
+  return static_cast<std::int64_t>(kStages) * kStageBytes + 2 * kStep * kHalfBytes + units * kTokens * 4;
 }
 constexpr int kMaxUnits = static_cast<int>(kFp4TiledMaxK / 128);
 
@@ -80,7 +81,7 @@ __global__ void __launch_bounds__(kThreads, 1) experts_fp4_wgmma_kernel(ExpertWg
   const std::int64_t src_group = active ? group : groups - 1;
   const auto* w_src = static_cast<const std::uint8_t*>(args.w.data) + expert * args.w.expert_stride + src_group * units * 1024;
   const auto* s_src = static_cast<const std::uint8_t*>(args.w.scale) + expert * args.w.scale_stride + src_group * units * 64;
-  float* sas = reinterpret_cast<float*>(smem + static_cast<std::int64_t>(kStages) * kStageBytes + 2 * kHalfBytes);
+  float* sas = reinterpret_cast<float*>(smem + static_cast<std::int64_t>(kStages) * kStageBytes + 2 * kStep * kHalfBytes);
 
   // This thread's token chunks of every unit: chunks c = tid + kThreads i (chunk c % 8 of token
   // c / 8); past the tile's rows they are zeros, past kTokenChunks none.
@@ -113,11 +114,12 @@ __global__ void __launch_bounds__(kThreads, 1) experts_fp4_wgmma_kernel(ExpertWg
   }
   __syncthreads();
   // Widens this thread's token chunks of unit v (landed: its own copies, waited for) to f16 in
-  // buffer v % 2: chunk j of token m holds k 16 j .. 16 j + 15, core matrices 2 j and 2 j + 1.
+  // the buffer of unit v (step parity, then unit in the step): chunk j of token m holds k 16 j ..
+  // 16 j + 15, core matrices 2 j and 2 j + 1.
   std::uint8_t* halves = smem + static_cast<std::int64_t>(kStages) * kStageBytes;
   const auto widen = [&](int v) {
     const std::uint8_t* st = smem + (v % kStages) * kStageBytes;
-    std::uint8_t* h = halves + (v & 1) * kHalfBytes;
+    std::uint8_t* h = halves + (v % (2 * kStep)) * kHalfBytes;
     DSV4_UNROLL
     for (int i = 0; i < kChunksPerThread; ++i) {
       if (row_dst[i] < 0) continue;
@@ -131,14 +133,14 @@ __global__ void __launch_bounds__(kThreads, 1) experts_fp4_wgmma_kernel(ExpertWg
                                                        e4m3x2_to_f16x2(codes.z >> 16), e4m3x2_to_f16x2(codes.w >> 16));
     }
   };
-  // kStages - 1 units ahead; a group is committed per unit (empty past the last), so that waiting
-  // for all but the newest kStages - 2 groups waits for the oldest unit not yet widened.
-  for (int u = 0; u < kStages - 1; ++u) {
+  // Two steps of units ahead. A group is committed per unit (empty past the last), so that waiting
+  // for all but the newest kStep groups waits for the units of the next step.
+  for (int u = 0; u < 2 * kStep; ++u) {
     if (u < units) issue(u);
     cp_async_commit();
   }
-  cp_async_wait<kStages - 2>();
-  widen(0);
+  cp_async_wait<kStep>();
+  for (int u = 0; u < kStep && u < units; ++u) widen(u);
   // The tile's activation scales [unit][token] (zero past its rows), while the first units land.
   for (int i = tid; i < units * kTokens; i += kThreads) {
     const int u = i / kTokens, m = i % kTokens;
@@ -159,11 +161,7 @@ __global__ void __launch_bounds__(kThreads, 1) experts_fp4_wgmma_kernel(ExpertWg
   float acc[kTokens / 2];
   DSV4_UNROLL
   for (int i = 0; i < kTokens / 2; ++i) acc[i] = 0.0f;
-  for (int u = 0; u < units; ++u) {
-    fence_proxy_async_shared();  // (this thread's f16 tokens of unit u are read by wgmma, the async proxy)
-    __syncthreads();             // all of unit u's tokens are widened; unit u - 1's stage and buffer are free
-    if (u + kStages - 1 < units) issue(u + kStages - 1);
-    cp_async_commit();
+  const auto compute_unit = [&](int u) {
     const int stage = u % kStages;
     mbarrier_wait(&landed[stage], static_cast<unsigned>((u / kStages) & 1));
     const std::uint8_t* st = smem + stage * kStageBytes;
@@ -175,7 +173,7 @@ __global__ void __launch_bounds__(kThreads, 1) experts_fp4_wgmma_kernel(ExpertWg
     float ws_g[4], ws_h[4];
     ue8m0x4_values<kNormalScales>(*reinterpret_cast<const std::uint32_t*>(st + kWeightBytes + warp * 64 + 4 * g), ws_g);
     ue8m0x4_values<kNormalScales>(*reinterpret_cast<const std::uint32_t*>(st + kWeightBytes + warp * 64 + 4 * (g + 8)), ws_h);
-    const std::uint64_t desc = wgmma_descriptor(halves + (u & 1) * kHalfBytes, 128, 2048);
+    const std::uint64_t desc = wgmma_descriptor(halves + (u % (2 * kStep)) * kHalfBytes, 128, 2048);
     // Two blocks in flight: block s + 1 is issued before block s's product is waited for and added
     // (times its weight scale) into the unit's sum, so the tensor cores work while it is added.
     std::uint32_t a[2][8];
@@ -230,10 +228,19 @@ __global__ void __launch_bounds__(kThreads, 1) experts_fp4_wgmma_kernel(ExpertWg
       acc[4 * jj + 2] += unit[4 * jj + 2] * s2.x;
       acc[4 * jj + 3] += unit[4 * jj + 3] * s2.y;
     }
-    // the next unit's tokens (its chunks are the newest group but kStages - 2 ones)
-    if (u + 1 < units) {
-      cp_async_wait<kStages - 2>();
-      widen(u + 1);
+  };
+  for (int u0 = 0; u0 < units; u0 += kStep) {
+    fence_proxy_async_shared();  // (this thread's f16 tokens of the step are read by wgmma, the async proxy)
+    __syncthreads();             // the step's tokens are all widened; the last step's stages and buffers are free
+    for (int j = 0; j < kStep; ++j) {
+      if (u0 + 2 * kStep + j < units) issue(u0 + 2 * kStep + j);
+      cp_async_commit();
+    }
+    for (int j = 0; j < kStep && u0 + j < units; ++j) compute_unit(u0 + j);
+    // the next step's tokens (their chunks are all but the newest kStep groups)
+    if (u0 + kStep < units) {
+      cp_async_wait<kStep>();
+      for (int j = 0; j < kStep && u0 + kStep + j < units; ++j) widen(u0 + kStep + j);
     }
   }
   cp_async_wait_all();  // (only empty groups are left)
