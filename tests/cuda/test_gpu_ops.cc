@@ -431,7 +431,9 @@ TEST(GpuOps, GemmFp4SpecialScales) {
     // The few-rows kernel, and for tiled shapes also the wgmma expert kernel (the weight as one
     // expert, the rows as one tile of kWgmmaExpertRows).
     const bool tiled = gpu::fp4_tiled(sh.n, sh.k);
-    DevArray<std::int32_t> t_src(std::vector<std::int32_t>{0, 1, 2}), t_zero(std::vector<std::int32_t>{0}),
+    std::vector<std::int32_t> all_rows(static_cast<std::size_t>(rows));
+    std::iota(all_rows.begin(), all_rows.end(), 0);
+    DevArray<std::int32_t> t_src(all_rows), t_zero(std::vector<std::int32_t>{0}),
         t_rows(std::vector<std::int32_t>{static_cast<std::int32_t>(rows)}), t_num(std::vector<std::int32_t>{1});
     const auto product = [&](const gpu::DeviceWeight& w, bool wgmma) {
       DevArray<float> out(static_cast<std::size_t>(rows * sh.n));

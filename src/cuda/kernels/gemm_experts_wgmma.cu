@@ -24,6 +24,9 @@ constexpr int kTokenChunks = kTokens * 8;     // 16-byte chunks of the tokens' c
 // the code at k(l): inside each 16-wide step, positions 2 q + i and 8 + 2 q + i (q = 0..3, i = 0, 1)
 // hold k 8 (q / 2) + 4 (q % 2) + i and that + 2. The weight's A fragments follow the same order
 // (a dot product's terms may come in any order), which gives thread q four adjacent fp4 values.
+// Three warpgroups fill an SM's registers (168 a thread). Measured on the FP8 form of the kernel
+// (docs/perf.md, thirteenth session): three ran Flash's routed layer at 4096 tokens in 6.9 ms
+// where two took 7.7.
 constexpr int kWarpgroups = 3;
 constexpr int kThreads = 128 * kWarpgroups, kWarps = 4 * kWarpgroups;
 constexpr int kWeightBytes = kWarps * 1024, kScaleBytes = kWarps * 64, kTokenBytes = kTokens * 128;
@@ -46,16 +49,6 @@ struct ExpertWgmmaArgs {
   GemmOutput out;
   ExpertTiles tiles;
 };
-
-// The e4m3 bytes (times 2^-6, numerics.cuh) of a word's values 0..3 (half 0: low nibbles) or 4..7
-// (half 1: high nibbles), by rotations chosen per lane: r1 = 2 or 30 puts the magnitude bits at
-// 2..4 of each byte, r2 = 4 or 0 the sign at bit 7 (what rotates around lands outside the masks).
-__device__ __forceinline__ std::uint32_t e2m1_half_as_e4m3(std::uint32_t w, unsigned r1, unsigned r2) {
-  return (__funnelshift_l(w, w, r1) & 0x1c1c1c1cu) | (__funnelshift_l(w, w, r2) & 0x80808080u);
-}
-__device__ __forceinline__ std::uint32_t word_of(const uint4& v, int s) {
-  return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w;
-}
 
 template <bool kNormalScales>
 __global__ void __launch_bounds__(kThreads, 1) experts_fp4_wgmma_kernel(ExpertWgmmaArgs args) {

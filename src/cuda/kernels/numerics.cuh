@@ -146,6 +146,13 @@ __device__ __forceinline__ std::uint32_t e2m1_low_nibbles_as_e4m3(std::uint32_t 
 __device__ __forceinline__ std::uint32_t e2m1_high_nibbles_as_e4m3(std::uint32_t w) {
   return ((w >> 2) & 0x1c1c1c1cu) | (w & 0x80808080u);
 }
+// Either of the two, chosen per lane without a branch: the e4m3 bytes of a word's values 0..3
+// (low nibbles: r1 = 2, r2 = 4) or 4..7 (high nibbles: r1 = 30, r2 = 0). Rotating by r1 puts the
+// magnitude bits at 2..4 of each byte and by r2 the sign at bit 7 (what rotates around lands
+// outside the masks).
+__device__ __forceinline__ std::uint32_t e2m1_half_as_e4m3(std::uint32_t w, unsigned r1, unsigned r2) {
+  return (__funnelshift_l(w, w, r1) & 0x1c1c1c1cu) | (__funnelshift_l(w, w, r2) & 0x80808080u);
+}
 
 // The values of the four UE8M0 bytes of a word (byte s -> scale[s]). Bytes 1..254 are exact
 // exponent fields; 0 (2^-127, a subnormal) and 255 (NaN) take ue8m0_value, in a branch that
