@@ -557,9 +557,10 @@ TEST(GpuOps, Fp4GpuLayout) {
   }
 }
 
-// The weight-streaming kernel's plans (gemm_stream.h): one CTA per tile or several tiles a CTA,
-// k split over CTAs (unevenly; partials added by the last to arrive), activation rows of 8 to 64 a
-// CTA and several such blocks, weights whose last tile is partial, k tails. Each product runs twice
+// The weight-streaming kernel's plans (gemm_stream.h): one tile or several tiles a warpgroup, a
+// warpgroup without tiles, k split over CTAs (unevenly; partials added by the last to arrive),
+// activation rows of 8 to 64 a CTA and several such blocks, weights whose last tile is partial,
+// k tails. Each product runs twice
 // (the arrival counts must be back at zero, and the bits must repeat). Against cpu linear, element
 // by element: one bf16 ulp plus the summation-order bound (the FP8 tensor cores keep fewer bits
 // than fp32 inside a product chain: order_bound).
@@ -570,10 +571,10 @@ TEST(GpuOps, GemmStreamShapes) {
     const char* what;
   };
   // (Plans on 132 multiprocessors; the simulator reports 132 too.)
-  std::vector<Case> cases = {{{25600, 128}, {1, 64}, "400 tiles, one split; two tiles a CTA at 64 rows"},
-                             {{4104, 4096}, {1, 9, 64}, "65 tiles (the last of 8 rows), 8 splits; two tiles a CTA at 64 rows"},
-                             {{320, 16384}, {33, 128}, "uneven splits: 43 of 3 units (the last 2); 13 of 10 (the last 8) x 2 blocks of 64 rows"},
-                             {{96, 1184}, {5, 17}, "k tail of 32 in the last unit"}};
+  std::vector<Case> cases = {{{25600, 128}, {1, 64}, "400 tiles, one split; two tiles a warpgroup at 64 rows"},
+                             {{4104, 4096}, {1, 9, 64}, "65 tiles (the last of 8 rows) on 66 warpgroups, 8 splits (4 at 64 rows)"},
+                             {{320, 16384}, {33, 128}, "uneven splits: 43 of 3 units (the last 2); 22 of 6 (the last 2) x 2 blocks of 64 rows"},
+                             {{96, 1184}, {5, 17}, "k tail of 32 in the last unit; both tiles in one CTA"}};
   for (const Case& c : cases) {
     const GemmShape& sh = c.shape;
     std::mt19937_64 rng(seed_of({17, sh.n, sh.k}));
@@ -621,6 +622,12 @@ TEST(GpuOps, GemmStreamShapes) {
         } else {
           EXPECT_EQ(bits, first_bits) << shape << ": the same product twice must give the same bits";
         }
+      }
+      if (rows > gpu::kSmallRows && rows <= gpu::kStreamMaxRows && sh.n >= 3072) {
+        // The executor's choice (GemmPath::kAuto) takes this kernel for such shapes (gemm.cu use_stream).
+        gpu::gemm_quantized(gpu::QuantizedRows{codes.get(), scales.get(), sh.k}, rows, gw.w, gpu::GemmOutput{out.get(), sh.n, false}, nullptr,
+                            st(), GemmPath::kAuto);
+        EXPECT_EQ(out.download(), first_bits) << "rows " << rows << " n " << sh.n << ": kAuto did not take the stream kernel";
       }
     }
     sweep.flush("rows as listed");

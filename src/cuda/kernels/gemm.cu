@@ -1205,8 +1205,29 @@ bool use_small(std::int64_t rows, std::int64_t n, GemmPath path) {
   return rows <= 128 && tile_ctas < 132;
 }
 
-// Dense fp8 weights: the weight-streaming kernel only when asked for (gemm.h GemmPath::kStream).
-bool use_stream(GemmPath path) { return path == GemmPath::kStream; }
+// Dense fp8 weights: the weight-streaming kernel where bench_gpu_gemm measured it faster than
+// the few-rows kernel and the tiles (gemm.h GemmPath): 9 to 64 rows of outputs of at least 3,072,
+// or 17 to 64 rows of outputs of at least 1,536. Narrower outputs need k split over many CTAs,
+// whose partial sums and activation staging cost more than re-reading the weight per 8 rows.
+// DSV4_GEMM_STREAM=0 in the environment turns the automatic choice off (comparisons).
+bool stream_opted_out() {
+  static const bool off = [] {
+    const char* env = std::getenv("DSV4_GEMM_STREAM");
+    return env != nullptr && std::string_view(env) == "0";
+  }();
+  return off;
+}
+
+bool use_stream(std::int64_t rows, const QuantizedRows& a, const DeviceWeight& w, GemmPath path) {
+  if (w.format != WeightFormat::kFp8) return false;
+  if (path == GemmPath::kStream) return true;
+  if (path != GemmPath::kAuto && path != GemmPath::kAutoPrefill) return false;
+  if (stream_opted_out()) return false;
+  if (path == GemmPath::kAutoPrefill && library_opted_in()) return false;
+  if (rows <= kSmallRows || rows > kStreamMaxRows) return false;
+  if (reinterpret_cast<std::uintptr_t>(a.codes) % 16 != 0 || reinterpret_cast<std::uintptr_t>(w.data) % 16 != 0) return false;
+  return w.n >= 3072 || (rows > 16 && w.n >= 1536);
+}
 
 void fp4_row_layout(void* data, std::int64_t rows, std::int64_t k, bool to_gpu, gpu_stream_t stream) {
   const std::int64_t units = rows * ((k + 127) / 128);
@@ -1278,7 +1299,7 @@ void gemm_quantized(const QuantizedRows& a, std::int64_t rows, const DeviceWeigh
   if (rows <= 0) return;
   if (a.k != w.k) launch_error("gemm_quantized: activations of {} columns for a weight of {}", {a.k, w.k});
   if (w.format == WeightFormat::kBf16) launch_error("gemm_quantized: bf16 weights take gemm_bf16");
-  if (w.format == WeightFormat::kFp8 && use_stream(path)) {
+  if (use_stream(rows, a, w, path)) {
     gemm_stream_fp8(a, rows, w, out, rows_dev, stream);
     return;
   }

@@ -12,7 +12,8 @@
 // tiles through shared memory). Both use mma.sync e4m3 for fp8/fp4 weights (fp4 values rebuilt as
 // e4m3) and mma.sync bf16 for bf16 activations. The same entry points serve dense layers and the
 // MoE experts (rows grouped by expert through a tile map); tiled fp4 experts with many rows each
-// take the wgmma kernel of gemm_experts_wgmma.h instead of the tiles.
+// take the wgmma kernel of gemm_experts_wgmma.h instead of the tiles; dense fp8 weights of wide
+// outputs at 9 to 64 rows take the weight-streaming wgmma kernel of gemm_stream.h.
 // Shapes: weights [n, k] row-major (one output feature per row); k a multiple of 32.
 #pragma once
 
@@ -79,23 +80,25 @@ struct ExpertTiles {
   std::int32_t rows_bound = 0;
 };
 
-// Which kernel runs a product: by row count for speed (kAuto: few rows up to 16, or up to 128
-// when the output is narrow; else tiles), for steps with prompt tokens (kAutoPrefill: few rows up
-// to 16, else tiles; with DSV4_GEMM_LIBRARY=1 in the environment, cuBLASLt's block-scaled product
-// for dense fp8 weights where it can run them, gemm_library.h), or forced (tests and benchmarks
-// compare them; kLibrary throws where cuBLASLt cannot run the product, see
-// gemm_library_supports). cuBLASLt is opt-in because on 2026-12-02 (H200, cuBLASLt 13.1) the
-// GPU model test's layer-0 cache entries differed from the CPU executor's with it (up to 8 e4m3
-// steps) while the same products alone matched (GemmLibraryScales): not understood yet. kAuto
-// never takes cuBLASLt: decode steps are captured into graphs whose row count is read on the
-// device. gemm_bf16 and the expert products have no library path (kLibrary runs their tiles).
-// kStream: the weight-streaming wgmma kernel for dense fp8 weights (gemm_stream.h; fp4 weights take
-// the few-rows kernel there). Opt-in: on 2026-12-02 (H200) it took 1.4-1.9x the few-rows kernel's
-// time at 1-8 rows, and at 64 rows 0.6-2.0x the few-rows kernel's and 0.9-4.4x cuBLASLt's
-// (docs/perf.md).
+// Which kernel runs a product: by row count and shape for speed (kAuto: few rows up to 16, or up
+// to 128 when the output is narrow; else tiles; dense fp8 weights of wide outputs at 9 to
+// kStreamMaxRows rows take the weight-streaming kernel), for steps with prompt tokens
+// (kAutoPrefill: the same, but tiles instead of few rows past 16; with DSV4_GEMM_LIBRARY=1 in the
+// environment, cuBLASLt's block-scaled product for dense fp8 weights where it can run them,
+// gemm_library.h), or forced (tests and benchmarks compare them; kLibrary throws where cuBLASLt
+// cannot run the product, see gemm_library_supports). cuBLASLt is opt-in because on 2026-12-02
+// (H200, cuBLASLt 13.1) the GPU model test's layer-0 cache entries differed from the CPU
+// executor's with it (up to 8 e4m3 steps) while the same products alone matched
+// (GemmLibraryScales): not understood yet. kAuto never takes cuBLASLt: decode steps are captured
+// into graphs whose row count is read on the device. gemm_bf16 and the expert products have no
+// library path (kLibrary runs their tiles). kStream: the weight-streaming wgmma kernel for dense
+// fp8 weights (gemm_stream.h; fp4 weights take the few-rows kernel there); the automatic choice
+// of it is gemm.cu use_stream, from bench_gpu_gemm's measurements (docs/perf.md, 2026-12-07);
+// DSV4_GEMM_STREAM=0 in the environment turns it off.
 enum class GemmPath : std::int32_t { kAuto, kAutoPrefill, kFewRows, kTiles, kLibrary, kStream };
 
 inline constexpr int kSmallRows = 8;    // rows the few-rows kernel takes at once
+inline constexpr int kStreamMaxRows = 64;  // rows the weight-streaming kernel takes by choice
 inline constexpr int kTileRows = 128;   // rows of a tensor-core tile
 
 // The tile height to build expert tiles with, for `total_rows` routed rows over `experts`

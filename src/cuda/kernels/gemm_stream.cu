@@ -6,21 +6,26 @@
 #include <cstdint>
 
 #include "cuda/device.h"
-#include "cuda/kernels/gemm_output.cuh"
 #include "cuda/kernels/launch_check.h"
 #include "cuda/kernels/numerics.cuh"
 
 namespace dsv4::gpu {
 namespace {
 
-constexpr int kThreads = 128;       // one warpgroup
+constexpr int kWarpgroups = 2;      // a CTA's warpgroups: each streams its own tiles; the activations are shared
+constexpr int kWgThreads = 128;
+constexpr int kThreads = kWarpgroups * kWgThreads;
 constexpr int kWeightTile = 64;     // weight rows of a tile (wgmma's M)
 constexpr int kUnitK = 128;         // k of a unit: one weight-scale block, one activation scale
-constexpr int kUnitBytes = kWeightTile * kUnitK;  // one unit of a tile's weight, e4m3: 8 KiB
 constexpr int kSmemLimit = 225 * 1024;  // dynamic shared memory a CTA may take (227 KiB less the static part)
 constexpr std::int64_t kPartialBudget = std::int64_t{8} << 20;  // fp32 partials (32 MiB)
 
 constexpr int kDepth = 4;           // units of weight a thread has in flight (its registers)
+// CTAs a multiprocessor holds by registers (the plan in gemm_stream_fp8 counts on it): ptxas
+// gave 188 registers a thread at 64 rows and 177 at 32 (one CTA of 256 threads), at most 128
+// below (two).
+template <int NT>
+inline constexpr int kCtasPerSm = NT >= 32 ? 1 : 2;
 
 struct StreamArgs {
   const std::uint8_t* codes;   // activations [rows][k] e4m3
@@ -37,52 +42,64 @@ struct StreamArgs {
   std::int32_t* counters;      // [tile][token block]
 };
 
-// Shared memory of a CTA whose split has `units` units: two units of weight as f16 (wgmma's A
-// operand, alternating), the split's activations as f16 (the B operand) and their scales [unit][NT].
-__host__ __device__ constexpr int smem_bytes(int nt, int units) { return 4 * kUnitBytes + units * (nt * kUnitK * 2 + nt * 4); }
-
-// Operand layouts (K-major without swizzle, device.h wgmma_m64n64k16_bf16; f16 core matrices of 8
-// rows x 8 values). A, one unit: row r, k group kg (8 values) at kg * 1024 + (r / 8) * 128 + (r % 8)
-// * 16 (k16 step j starts at group 2 j: lbo 1024, sbo 128). B, unit u: row r, group kg at u * NT *
-// 256 + kg * NT * 16 + (r / 8) * 128 + (r % 8) * 16 (step j at group 2 j: lbo NT * 16, sbo 128).
-__device__ __forceinline__ int a_offset(int r, int kg) { return kg * 1024 + (r >> 3) * 128 + (r & 7) * 16; }
-
-// 16 e4m3 codes as 16 f16 (exact): k 0..7 and 8..15.
-__device__ __forceinline__ void e4m3x16_to_f16(const uint4& v, uint4& lo, uint4& hi) {
-  lo = make_uint4(e4m3x2_to_f16x2(v.x), e4m3x2_to_f16x2(v.x >> 16), e4m3x2_to_f16x2(v.y), e4m3x2_to_f16x2(v.y >> 16));
-  hi = make_uint4(e4m3x2_to_f16x2(v.z), e4m3x2_to_f16x2(v.z >> 16), e4m3x2_to_f16x2(v.w), e4m3x2_to_f16x2(v.w >> 16));
+// Shared memory of a CTA whose split has `units` units: the split's activations as f16 (the B
+// operand) and their scales [unit][NT]. The weight never passes through shared memory.
+// Then each warpgroup's output stage: a tile's [NT rows][64 outputs], rows padded (bf16: 72
+// values, 144 bytes; fp32: 68, 272 bytes) so that the fragment writes meet every bank once.
+__host__ __device__ constexpr int stage_row_bytes(bool f32) { return f32 ? 272 : 144; }
+__host__ __device__ constexpr int smem_bytes(int nt, int units, bool f32) {
+  return units * (nt * kUnitK * 2 + nt * 4) + kWarpgroups * nt * stage_row_bytes(f32);
 }
 
+// The k order of a unit. wgmma's A fragment gives thread q of a row the positions 2q, 2q + 1,
+// 2q + 8, 2q + 9 of every k16 step; any order of k that both operands share gives the same sums, so
+// position p of step j holds k = 64 (j / 4) + 16 q + 4 (j % 4) + i with q = (p % 8) / 2 and i =
+// p % 2 + 2 (p / 8). Then a thread's four weight values of a step are one 32-bit word of a row: word
+// j % 4 of the row's 16-byte chunk q + 4 (j / 4).
+//
+// B (activations), K-major without swizzle (device.h wgmma_m64k16_f16; f16 core matrices of 8 rows
+// x 8 positions): unit u, row r, position group pg (8 positions) at u * NT * 256 + pg * NT * 16 +
+// (r / 8) * 128 + (r % 8) * 16 (step j starts at group 2 j: lbo NT * 16, sbo 128).
+
 template <int NT>
-__global__ void __launch_bounds__(kThreads) stream_fp8_kernel(StreamArgs args) {
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<NT>) stream_fp8_kernel(StreamArgs args) {
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
-  __shared__ int last_arrival;
+  __shared__ int last_arrival[kWarpgroups];
   const std::int64_t limit = args.rows_dev == nullptr ? args.rows
                                                       : (args.rows < *args.rows_dev ? args.rows : static_cast<std::int64_t>(*args.rows_dev));
   const std::int64_t tok0 = static_cast<std::int64_t>(blockIdx.z) * NT;
   if (tok0 >= limit) return;  // the whole CTA (and every split of this token block) leaves
   const int count = static_cast<int>(limit - tok0 < NT ? limit - tok0 : NT);
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+  const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, q = lane & 3;
+  // Warpgroup and its thread / warp (wg broadcast from lane 0, so the compiler knows it warp-uniform).
+  const int wg = __shfl_sync(0xffffffffu, tid / kWgThreads, 0), wtid = tid % kWgThreads, warp = wtid >> 5;
   const int split = blockIdx.y;
   const int u_begin = split * args.units_per_split;
   const int n_units = (args.units - u_begin < args.units_per_split ? args.units - u_begin : args.units_per_split);
   const std::int64_t k = args.k;
-  std::uint8_t* a_smem = smem;
-  std::uint8_t* b_smem = a_smem + 4 * kUnitBytes;
+  std::uint8_t* b_smem = smem;
   float* sa_smem = reinterpret_cast<float*>(b_smem + n_units * NT * kUnitK * 2);
+  std::uint8_t* out_stage = reinterpret_cast<std::uint8_t*>(sa_smem + n_units * NT) + wg * NT * stage_row_bytes(args.out.f32);
 
-  // The CTA's tiles: blockIdx.x, + gridDim.x, ...; items = (tile, unit) pairs in that order.
-  const int my_tiles = (args.tiles - static_cast<int>(blockIdx.x) + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x);
+  // The warpgroup's tiles: worker = kWarpgroups blockIdx.x + wg, + workers, ...; items = (tile,
+  // unit) pairs in that order.
+  const int worker = kWarpgroups * static_cast<int>(blockIdx.x) + wg, workers = kWarpgroups * static_cast<int>(gridDim.x);
+  const int my_tiles = worker < args.tiles ? (args.tiles - worker + workers - 1) / workers : 0;
   const int items = my_tiles * n_units;
-  auto tile_of = [&](int item) { return static_cast<int>(blockIdx.x) + (item / n_units) * static_cast<int>(gridDim.x); };
-  // Thread (warp, lane) owns rows lane / 4 + 8 warp (+ 32) and 16-value chunks lane % 4 (+ 4) of
-  // every unit: each load instruction of a warp reads 64 contiguous bytes of 8 rows. The chunks go
-  // from global memory into the thread's registers, kDepth units ahead.
-  auto chunk_row = [&](int i) { return g + 8 * warp + 32 * (i >> 1); };
+  auto tile_of = [&](int item) { return worker + (item / n_units) * workers; };
+  // Thread (warp, g, q) holds weight rows 16 warp + g and + 8 (its rows of wgmma's A fragment),
+  // 16-byte chunks q and q + 4 of each: raw[0], raw[1] row g, raw[2], raw[3] row g + 8. Each load
+  // instruction of a warp reads 64 contiguous bytes of 8 rows. Units go from global memory into
+  // the registers kDepth ahead.
+  auto chunk_row = [&](int i) { return 16 * warp + g + 8 * (i >> 1); };
   auto chunk_col = [&](int i) { return q + 4 * (i & 1); };
-  auto load_unit = [&](int item, uint4 (&raw)[4]) {
-    const std::int64_t row0 = static_cast<std::int64_t>(tile_of(item)) * kWeightTile;
-    const std::int64_t k0 = static_cast<std::int64_t>(u_begin + item % n_units) * kUnitK;
+  // The unit's weight-scale block comes with it (read where it is used, its latency stalled every
+  // unit).
+  auto load_unit = [&](int item, uint4 (&raw)[4], float& scale) {
+    const int tile = tile_of(item), unit = u_begin + item % n_units;
+    scale = args.w_scales[static_cast<std::int64_t>(tile / 2) * args.units + unit];
+    const std::int64_t row0 = static_cast<std::int64_t>(tile) * kWeightTile;
+    const std::int64_t k0 = static_cast<std::int64_t>(unit) * kUnitK;
     DSV4_UNROLL
     for (int i = 0; i < 4; ++i) {
       const int r = chunk_row(i), c = chunk_col(i);
@@ -91,25 +108,92 @@ __global__ void __launch_bounds__(kThreads) stream_fp8_kernel(StreamArgs args) {
   };
 
   uint4 buf[kDepth][4];
+  float buf_scale[kDepth];
   DSV4_UNROLL
   for (int d = 0; d < kDepth; ++d)
-    if (d < items) load_unit(d, buf[d]);
-  // Meanwhile the split's activations, as f16.
-  for (int i = tid; i < NT * n_units * 8; i += kThreads) {
-    const int r = i / (n_units * 8), rem = i % (n_units * 8), ul = rem >> 3, c = rem & 7;
-    const std::int64_t kk = static_cast<std::int64_t>(u_begin + ul) * kUnitK + 16 * c;
-    uint4 lo, hi;
-    e4m3x16_to_f16(load_global_v4_or_zero(args.codes + (tok0 + r) * k + kk, r < count && kk < k), lo, hi);
-    std::uint8_t* dst = b_smem + ul * (NT * 256) + (2 * c) * (NT * 16) + (r >> 3) * 128 + (r & 7) * 16;
-    *reinterpret_cast<uint4*>(dst) = lo;
-    *reinterpret_cast<uint4*>(dst + NT * 16) = hi;
+    if (d < items) load_unit(d, buf[d], buf_scale[d]);
+  // Meanwhile the split's activations, as f16 in the unit's k order: chunk c = 4 h + cq of a row
+  // (16 codes, code 4 s + i) is step 4 h + s, positions 2 cq + i (i < 2) and 8 + 2 cq + i - 2. A
+  // warp takes chunks cq = 0..3 of 8 rows (lane 4 (r % 8) + cq): its loads read 64 contiguous bytes
+  // of each row, and each of its 4-byte stores covers the 32 banks once. Each thread has kBatch
+  // loads in flight (one at a time cost a latency per chunk: ~15 us at 64 rows and k 1024).
+  constexpr int kBatch = 8;
+  const int total = NT * n_units * 8;
+  auto chunk_of = [&](int i, int& r, int& ul, int& c) {
+    const int group = i >> 5;
+    r = 8 * (group % (NT / 8)) + ((i >> 2) & 7);
+    ul = (group / (NT / 8)) >> 1;
+    c = 4 * ((group / (NT / 8)) & 1) + (i & 3);
+  };
+  for (int i0 = tid; i0 < total; i0 += kThreads * kBatch) {
+    uint4 v[kBatch];
+    DSV4_UNROLL
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = i0 + b * kThreads;
+      int r, ul, c;
+      chunk_of(i, r, ul, c);
+      const std::int64_t kk = static_cast<std::int64_t>(u_begin + ul) * kUnitK + 16 * c;
+      v[b] = load_global_v4_or_zero(args.codes + (tok0 + r) * k + kk, i < total && r < count && kk < k);
+    }
+    DSV4_UNROLL
+    for (int b = 0; b < kBatch; ++b) {
+      const int i = i0 + b * kThreads;
+      if (i >= total) break;
+      int r, ul, c;
+      chunk_of(i, r, ul, c);
+      const std::uint32_t w[4] = {v[b].x, v[b].y, v[b].z, v[b].w};
+      std::uint8_t* dst = b_smem + ul * (NT * 256) + (r >> 3) * 128 + (r & 7) * 16 + 4 * (c & 3);
+      DSV4_UNROLL
+      for (int s = 0; s < 4; ++s) {
+        const int j = 4 * (c >> 2) + s;
+        *reinterpret_cast<std::uint32_t*>(dst + (2 * j) * (NT * 16)) = e4m3x2_to_f16x2(w[s] & 0xffffu);
+        *reinterpret_cast<std::uint32_t*>(dst + (2 * j + 1) * (NT * 16)) = e4m3x2_to_f16x2(w[s] >> 16);
+      }
+    }
   }
   for (int i = tid; i < NT * n_units; i += kThreads) {
     const int ul = i / NT, r = i % NT;
     sa_smem[i] = r < count ? args.a_scales[(tok0 + r) * args.units + u_begin + ul] : 0.0f;
   }
+  fence_proxy_async_shared();  // the activations, written by threads, are read by the products
+  __syncthreads();  // (the last CTA-wide barrier: from here on each warpgroup runs alone)
 
   const int row_in_tile = 16 * warp + g;
+  // A finished tile (v[4 m + e]: output row 16 warp + g + 8 (e / 2) of the tile, activation row
+  // 8 m + 2 q + e % 2) goes out through the warpgroup's stage, so that the stores are 16-byte
+  // pieces of an activation row (scalar stores per value took a fifth of the time at 64 rows).
+  auto write_tile = [&](const float (&v)[NT / 2], int tile) {
+    named_barrier_sync(1 + wg, kWgThreads);  // the stage's readers of the last tile are done
+    const bool f32 = args.out.f32;
+    const int row_bytes = stage_row_bytes(f32);
+    DSV4_UNROLL
+    for (int i = 0; i < NT / 2; ++i) {
+      const int r = 8 * (i >> 2) + 2 * q + (i & 1), c = row_in_tile + 8 * ((i & 3) >> 1);
+      if (f32) *reinterpret_cast<float*>(out_stage + r * row_bytes + 4 * c) = v[i];
+      else *reinterpret_cast<std::uint16_t*>(out_stage + r * row_bytes + 2 * c) = bf16_bits(v[i]);
+    }
+    named_barrier_sync(1 + wg, kWgThreads);
+    const std::int64_t n0 = static_cast<std::int64_t>(tile) * kWeightTile;
+    const int per = f32 ? 4 : 8;  // values of a 16-byte piece
+    const bool whole = n0 + kWeightTile <= args.n && args.out.ld % per == 0 &&
+                       reinterpret_cast<std::uintptr_t>(args.out.data) % 16 == 0;
+    const int pieces = kWeightTile / per;
+    for (int t = wtid; t < NT * pieces; t += kWgThreads) {
+      const int r = t / pieces, j = t % pieces;
+      if (r >= count) break;  // (rows ascend with t)
+      const std::uint8_t* src = out_stage + r * row_bytes + 16 * j;
+      const std::int64_t at = (tok0 + r) * args.out.ld + n0 + per * j;
+      if (whole) {
+        std::uint8_t* dst = static_cast<std::uint8_t*>(args.out.data) + at * (f32 ? 4 : 2);
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+      } else {
+        for (int e = 0; e < per && n0 + per * j + e < args.n; ++e) {
+          if (f32) static_cast<float*>(args.out.data)[at + e] = reinterpret_cast<const float*>(src)[e];
+          else static_cast<std::uint16_t*>(args.out.data)[at + e] = reinterpret_cast<const std::uint16_t*>(src)[e];
+        }
+      }
+    }
+  };
   float acc[NT / 2], part[NT / 2];
   DSV4_UNROLL
   for (int i = 0; i < NT / 2; ++i) acc[i] = part[i] = 0.0f;
@@ -120,35 +204,37 @@ __global__ void __launch_bounds__(kThreads) stream_fp8_kernel(StreamArgs args) {
       const int item = base + d;
       if (item >= items) break;
       const int ul = item % n_units, tile = tile_of(item);
-      // The unit as f16 into A buffer item % 2 (its last readers, unit item - 2's products, were
-      // waited for by every thread before the previous barrier), visible to wgmma, then everyone's;
-      // the registers take the unit kDepth ahead.
-      std::uint8_t* a_unit = a_smem + (item & 1) * (2 * kUnitBytes);
+      // The unit's A fragments, converted from the registers (exact), and its eight k16 steps in
+      // one chain: f16 products are exact and f16 wgmma sums in fp32 (FP8 wgmma keeps fewer bits:
+      // about 1e-4 relative on the H200, docs/perf.md).
+      std::uint32_t af[8][4];
       DSV4_UNROLL
-      for (int i = 0; i < 4; ++i) {
-        uint4 lo, hi;
-        e4m3x16_to_f16(buf[d][i], lo, hi);
-        *reinterpret_cast<uint4*>(a_unit + a_offset(chunk_row(i), 2 * chunk_col(i))) = lo;
-        *reinterpret_cast<uint4*>(a_unit + a_offset(chunk_row(i), 2 * chunk_col(i) + 1)) = hi;
+      for (int j = 0; j < 8; ++j) {
+        const uint4& lo = buf[d][j >> 2];
+        const uint4& hi = buf[d][2 + (j >> 2)];
+        const std::uint32_t wl = (j & 3) == 0 ? lo.x : (j & 3) == 1 ? lo.y : (j & 3) == 2 ? lo.z : lo.w;
+        const std::uint32_t wh = (j & 3) == 0 ? hi.x : (j & 3) == 1 ? hi.y : (j & 3) == 2 ? hi.z : hi.w;
+        af[j][0] = e4m3x2_to_f16x2(wl & 0xffffu);
+        af[j][1] = e4m3x2_to_f16x2(wh & 0xffffu);
+        af[j][2] = e4m3x2_to_f16x2(wl >> 16);
+        af[j][3] = e4m3x2_to_f16x2(wh >> 16);
       }
-      if (item + kDepth < items) load_unit(item + kDepth, buf[d]);
-      fence_proxy_async_shared();
-      __syncthreads();
-      // The unit's eight k16 steps in one chain: f16 products are exact and f16 wgmma sums in fp32
-      // (FP8 wgmma keeps fewer bits: about 1e-4 relative on the H200, docs/perf.md).
       wgmma_fence();
       DSV4_UNROLL
       for (int j = 0; j < 8; ++j) {
-        const std::uint64_t da = wgmma_descriptor(a_unit + 2 * j * 1024, 1024, 128);
         const std::uint64_t db = wgmma_descriptor(b_smem + ul * (NT * 256) + 2 * j * (NT * 16), NT * 16, 128);
-        wgmma_m64k16_f16<NT>(part, da, db, j != 0);
+        wgmma_m64k16_f16_rs<NT>(part, af[j], db, j != 0);
       }
       wgmma_commit();
+      // The registers take the unit kDepth ahead while the products run.
+      const float ws = buf_scale[d];
+      if (item + kDepth < items) load_unit(item + kDepth, buf[d], buf_scale[d]);
       wgmma_wait<0>();
       wgmma_fence_operands(part);
+      DSV4_UNROLL
+      for (int j = 0; j < 8; ++j) wgmma_fence_operands(af[j]);
       // acc += the unit's sum x (weight block scale x activation scale); part[4 m + e]: weight row
       // 16 warp + g + 8 (e / 2), activation row 8 m + 2 q + e % 2.
-      const float ws = args.w_scales[static_cast<std::int64_t>(tile / 2) * args.units + u_begin + ul];
       DSV4_UNROLL
       for (int m = 0; m < NT / 8; ++m) {
         const float2 sa = *reinterpret_cast<const float2*>(sa_smem + ul * NT + 8 * m + 2 * q);
@@ -161,25 +247,19 @@ __global__ void __launch_bounds__(kThreads) stream_fp8_kernel(StreamArgs args) {
       if (ul != n_units - 1) continue;
 
       // The tile's k range is done: write it (one split), or hand it to the workspace.
-      const std::int64_t n_row = static_cast<std::int64_t>(tile) * kWeightTile + row_in_tile;
       if (args.splits == 1) {
-        DSV4_UNROLL
-        for (int i = 0; i < NT / 2; ++i) {
-          const std::int64_t n = n_row + 8 * ((i & 3) >> 1);
-          const int r = 8 * (i >> 2) + 2 * q + (i & 1);
-          if (r < count && n < args.n) store_out(args.out, tok0 + r, n, acc[i]);
-        }
+        write_tile(acc, tile);
       } else {
         const std::int64_t slot_index = static_cast<std::int64_t>(tile) * args.token_blocks + blockIdx.z;
         float* mine = args.partial + (slot_index * args.splits + split) * (kWeightTile * NT);
         DSV4_UNROLL
         for (int i = 0; i < NT / 2; i += 4)
-          *reinterpret_cast<float4*>(mine + (i / 4) * (4 * kThreads) + 4 * tid) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
+          *reinterpret_cast<float4*>(mine + (i / 4) * (4 * kWgThreads) + 4 * wtid) = make_float4(acc[i], acc[i + 1], acc[i + 2], acc[i + 3]);
         __threadfence();
-        __syncthreads();
-        if (tid == 0) last_arrival = atomicAdd(args.counters + slot_index, 1) == args.splits - 1;
-        __syncthreads();
-        if (last_arrival) {
+        named_barrier_sync(1 + wg, kWgThreads);
+        if (wtid == 0) last_arrival[wg] = atomicAdd(args.counters + slot_index, 1) == args.splits - 1;
+        named_barrier_sync(1 + wg, kWgThreads);
+        if (last_arrival[wg]) {
           __threadfence();
           float sum[NT / 2];
           DSV4_UNROLL
@@ -188,17 +268,12 @@ __global__ void __launch_bounds__(kThreads) stream_fp8_kernel(StreamArgs args) {
             const float* other = args.partial + (slot_index * args.splits + s) * (kWeightTile * NT);
             DSV4_UNROLL
             for (int i = 0; i < NT / 2; i += 4) {
-              const float4 v = load_global_l2_v4(other + (i / 4) * (4 * kThreads) + 4 * tid);
+              const float4 v = load_global_l2_v4(other + (i / 4) * (4 * kWgThreads) + 4 * wtid);
               sum[i] += v.x, sum[i + 1] += v.y, sum[i + 2] += v.z, sum[i + 3] += v.w;
             }
           }
-          DSV4_UNROLL
-          for (int i = 0; i < NT / 2; ++i) {
-            const std::int64_t n = n_row + 8 * ((i & 3) >> 1);
-            const int r = 8 * (i >> 2) + 2 * q + (i & 1);
-            if (r < count && n < args.n) store_out(args.out, tok0 + r, n, sum[i]);
-          }
-          if (tid == 0) args.counters[slot_index] = 0;  // ready for the next product
+          write_tile(sum, tile);
+          if (wtid == 0) args.counters[slot_index] = 0;  // ready for the next product
         }
       }
       DSV4_UNROLL
@@ -240,11 +315,12 @@ void gemm_stream_fp8(const QuantizedRows& a, std::int64_t rows, const DeviceWeig
   args.tiles = static_cast<int>((w.n + kWeightTile - 1) / kWeightTile);
   args.token_blocks = static_cast<int>((rows + nt - 1) / nt);
 
-  // The plan: units per split (`per`), and CTAs along the tiles (grid_x, each taking tiles_per_cta
-  // tiles: one wave of CTAs -- a second, partial wave would cost a whole CTA time). Chosen by a cost
-  // in units of weight a CTA streams: waves x (tiles a CTA x (units + partial write/read) + fixed
-  // start), over every `per` that fits shared memory, the partials within the workspace budget
-  // where any plan allows it. Ties go to fewer splits.
+  // The plan: units per split (`per`), and CTAs along the tiles (grid_x; each of a CTA's
+  // warpgroups takes tiles_per_worker tiles: one wave of CTAs -- a second, partial wave would cost
+  // a whole CTA time). Chosen by a cost in units of weight a warpgroup streams: waves x (tiles a
+  // warpgroup x (units + partial write/read) + fixed start), over every `per` that fits shared
+  // memory, the partials within the workspace budget where any plan allows it. Ties go to fewer
+  // splits.
   const std::int64_t sms = stream_sm_count();
   const std::int64_t work = static_cast<std::int64_t>(args.tiles) * args.token_blocks;
   struct Plan {
@@ -253,17 +329,17 @@ void gemm_stream_fp8(const QuantizedRows& a, std::int64_t rows, const DeviceWeig
   };
   auto best_plan = [&](bool within_budget) {
     Plan best;
-    for (int p = 1; p <= args.units && smem_bytes(nt, p) <= kSmemLimit; ++p) {
+    for (int p = 1; p <= args.units && smem_bytes(nt, p, out.f32) <= kSmemLimit; ++p) {
       const std::int64_t splits = (args.units + p - 1) / p;
       if (within_budget && splits > 1 && work * splits * kWeightTile * nt > kPartialBudget) continue;
-      // CTAs resident at once: by shared memory, and by registers (ptxas: ~236 a thread at 64 rows,
-      // 2 CTAs a multiprocessor; ~168 at 32, 3; <= 128 below, 4).
-      const std::int64_t slots = std::clamp(kSmemLimit / (smem_bytes(nt, p) + 1024), 1, nt == 64 ? 2 : nt == 32 ? 3 : 4) * sms;
+      // CTAs resident at once: by shared memory, and by registers (kCtasPerSm).
+      const int by_regs = nt >= 32 ? kCtasPerSm<32> : kCtasPerSm<16>;
+      const std::int64_t slots = std::clamp(kSmemLimit / (smem_bytes(nt, p, out.f32) + 1024), 1, by_regs) * sms;
       const std::int64_t along = std::max<std::int64_t>(1, slots / (splits * args.token_blocks));
-      const std::int64_t tiles_per_cta = (args.tiles + along - 1) / along;
-      const std::int64_t grid_x = (args.tiles + tiles_per_cta - 1) / tiles_per_cta;
+      const std::int64_t tiles_per_worker = (args.tiles + kWarpgroups * along - 1) / (kWarpgroups * along);
+      const std::int64_t grid_x = (args.tiles + kWarpgroups * tiles_per_worker - 1) / (kWarpgroups * tiles_per_worker);
       const std::int64_t waves = (grid_x * splits * args.token_blocks + slots - 1) / slots;
-      const double cost = static_cast<double>(waves) * (static_cast<double>(tiles_per_cta) * (p + (splits > 1 ? nt / 8.0 : 0.0)) + 2.0);
+      const double cost = static_cast<double>(waves) * (static_cast<double>(tiles_per_worker) * (p + (splits > 1 ? nt / 8.0 : 0.0)) + 2.0);
       if (best.per == 0 || cost <= best.cost) best = Plan{cost, p, static_cast<int>(grid_x)};
     }
     return best;
@@ -273,7 +349,7 @@ void gemm_stream_fp8(const QuantizedRows& a, std::int64_t rows, const DeviceWeig
   if (plan.per == 0) launch_error("gemm_stream_fp8: {} activation rows of k {} do not fit in shared memory", {rows, w.k});
   args.units_per_split = plan.per;
   args.splits = (args.units + plan.per - 1) / plan.per;
-  const int smem = smem_bytes(nt, plan.per);
+  const int smem = smem_bytes(nt, plan.per, out.f32);
   const int grid_x = plan.grid_x;
   if (args.splits > 1) {
     const StreamWorkspace ws = stream_workspace(stream, work * args.splits * kWeightTile * nt, work);

@@ -1,20 +1,21 @@
 // The weight-streaming product of dense fp8 weights for decode-sized row counts (gemm.h
-// GemmPath::kStream, opt-in: gemm.h says why the executor does not pick it yet). Numerics as the
-// other fp8 kernels (SPEC.md 5a) -- e4m3 activations with one scale per row and 128 k, sums per
-// 128-wide k unit scaled by (activation scale x 128 x 128 weight block scale) and added unit by unit
-// in fp32, bf16 or fp32 output. The products run as f16 wgmma on the exact f16 values of the e4m3
-// codes: FP8 wgmma sums with fewer bits than fp32 (about 1e-4 relative on the H200, docs/perf.md),
-// f16 wgmma in fp32. CPU twin: cpu/linear.h linear().
+// GemmPath::kStream; the executor takes it at 9 to 64 rows of wide outputs, gemm.cu use_stream).
+// Numerics as the other fp8 kernels (SPEC.md 5a) -- e4m3 activations with one scale per row and 128
+// k, sums per 128-wide k unit scaled by (activation scale x 128 x 128 weight block scale) and added
+// unit by unit in fp32, bf16 or fp32 output. The products run as f16 wgmma on the exact f16 values
+// of the e4m3 codes: FP8 wgmma sums with fewer bits than fp32 (about 1e-4 relative on the H200,
+// docs/perf.md), f16 wgmma in fp32. CPU twin: cpu/linear.h linear().
 //
 // How (gemm_stream.cu): at a handful of rows the product is bound by reading the weight once. A CTA
-// is one warpgroup; it takes 64 weight rows (a tile) x a range of k units (a split) x up to 64
-// activation rows (a token block). The weight goes from global memory into registers, kDepth
-// units of 64 x 128 ahead, is converted unit by unit to f16 into shared memory in the core-matrix
-// layout wgmma's descriptors read, and goes into wgmma m64nNk16 f16 (N = 8 / 16 / 32 / 64 activation rows); the activations of the
-// CTA's k range are staged once, as f16. Where the tiles alone
-// leave the GPU short of CTAs, k is split over CTAs: each writes its fp32 partial tile to a
-// workspace, and the last of a tile's CTAs to arrive (an atomic count) adds the partials in split
-// order -- the same bits whatever order the CTAs ran in.
+// is two warpgroups sharing the activations of a range of k units (a split) x up to 64 activation
+// rows (a token block), staged once as f16; each warpgroup takes its own 64-row weight tiles. The
+// weight goes from global memory into registers, kDepth units of 64 x 128 ahead, and each thread
+// converts its own values to f16 as the A operand of wgmma m64nNk16 f16 (A from registers; N = 8 /
+// 16 / 32 / 64 activation rows): the weight never passes through shared memory. Both operands take
+// the same order of k inside a unit, so that a thread's A values of a k16 step are one 32-bit word
+// of a row. Where the tiles alone leave the GPU short of warpgroups, k is split over CTAs: each
+// writes its fp32 partial tile to a workspace, and the last of a tile's warpgroups to arrive (an
+// atomic count) adds the partials in split order -- the same bits whatever order they ran in.
 #pragma once
 
 #include <cstdint>
