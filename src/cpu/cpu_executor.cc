@@ -140,11 +140,13 @@ void CpuExecutor::launch(const StepPlan& plan) {
   launched_ = &plan;
 }
 
-void CpuExecutor::collect(std::span<float> logits) {
+std::span<const float> CpuExecutor::collect_logits() {
   if (launched_ == nullptr) fail("cpu executor: collect without a launched step");
   const StepPlan& plan = *launched_;
   launched_ = nullptr;
-  run(plan, logits);
+  logits_.resize(static_cast<std::size_t>(plan.num_logits_rows() * config_.vocab_size));
+  run(plan, logits_);
+  return logits_;
 }
 
 void CpuExecutor::run(const StepPlan& plan, std::span<float> logits) {

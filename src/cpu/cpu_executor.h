@@ -46,9 +46,10 @@ class CpuExecutor final : public Executor {
   const ModelConfig& config() const override { return config_; }
   const CacheSpec& cache_spec() const override { return spec_; }
   void allocate(std::span<const std::int64_t> pages_per_bucket, const StepLimits& limits) override;
-  // The CPU runs the whole step in collect(); launch() only takes the plan and its page changes.
+  // The CPU runs the whole step in collect_logits(); launch() only takes the plan and its page
+  // changes.
   void launch(const StepPlan& plan) override;
-  void collect(std::span<float> logits) override;
+  std::span<const float> collect_logits() override;
   void set_inspector(Inspector* inspector) override { inspector_ = inspector; }
   std::vector<std::uint8_t> cache_snapshot(int bucket) const override {
     return pools_.at(static_cast<std::size_t>(bucket));
@@ -75,6 +76,7 @@ class CpuExecutor final : public Executor {
   std::vector<std::vector<std::uint8_t>> pools_;          // per bucket: pages * page_bytes
   PageTable page_table_;
   const StepPlan* launched_ = nullptr;
+  std::vector<float> logits_;  // the collected step's logits (collect_logits)
   Inspector* inspector_ = nullptr;
 };
 

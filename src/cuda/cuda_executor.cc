@@ -552,7 +552,7 @@ void CudaExecutor::launch(const StepPlan& plan) {
   launched_ = &plan;
 }
 
-void CudaExecutor::collect(std::span<float> logits) {
+std::span<const float> CudaExecutor::collect_logits() {
   if (launched_ == nullptr) fail("GPU executor: collect without a launched step");
   launched_ = nullptr;
   done_.synchronize();
@@ -567,9 +567,9 @@ void CudaExecutor::collect(std::span<float> logits) {
     }
   }
   marks_.clear();
+  // The logits stay in the pinned buffer they were copied to (valid until the next launch).
   const auto n = static_cast<std::size_t>(launched_rows_ * config_.vocab_size);
-  if (logits.size() != n) fail("GPU executor: logits buffer holds {} values, expected {}", logits.size(), n);
-  std::memcpy(logits.data(), logits_host_.data(), n * sizeof(float));
+  return {static_cast<const float*>(logits_host_.data()), n};
 }
 
 // The whole model for `capacity` tokens (a graph bucket, or the step's tokens). n_logits /

@@ -58,7 +58,7 @@ class CudaExecutor final : public Executor {
   const CacheSpec& cache_spec() const override { return spec_; }
   void allocate(std::span<const std::int64_t> pages_per_bucket, const StepLimits& limits) override;
   void launch(const StepPlan& plan) override;
-  void collect(std::span<float> logits) override;
+  std::span<const float> collect_logits() override;
   void set_inspector(Inspector* inspector) override { inspector_ = inspector; }
   std::vector<std::uint8_t> cache_snapshot(int bucket) const override;
 

@@ -198,10 +198,13 @@ std::vector<RequestOutput> Engine::step() {
   std::int64_t sampled = 0;
   if (!step.empty()) {
     const std::int64_t vocab = model_config().vocab_size;
-    logits_.assign(step.plan.logits_tokens.size() * static_cast<std::size_t>(vocab), 0.0f);
+    // The logits stay in the executor's memory (valid until its next launch).
+    std::span<const float> logits;
     std::string failure;
     try {
-      executor_.execute(step.plan, logits_);
+      logits = executor_.execute(step.plan);
+      if (logits.size() < step.sampling.size() * static_cast<std::size_t>(vocab))
+        fail("the executor returned {} logits for {} sampled rows", logits.size(), step.sampling.size());
     } catch (const std::exception& e) {
       failure = e.what();
       if (failure.empty()) failure = "unknown executor failure";
@@ -213,7 +216,7 @@ std::vector<RequestOutput> Engine::step() {
       scheduler_->commit(step);
       for (std::size_t i = 0; i < step.sampling.size(); ++i) {
         Request& r = *step.sampling[i];
-        const std::span<const float> row(logits_.data() + i * static_cast<std::size_t>(vocab), static_cast<std::size_t>(vocab));
+        const std::span<const float> row = logits.subspan(i * static_cast<std::size_t>(vocab), static_cast<std::size_t>(vocab));
         const SampledToken token = sampler_.sample(row, r.params, r.seed, r.num_output_tokens());
         r.append(token, model_config().eos_token_id, config_.max_model_len);
         ++sampled;
@@ -311,7 +314,6 @@ std::vector<float> Engine::score(std::span<const std::int32_t> tokens, std::int6
   kv_->add_sequence(id, {});  // an empty prompt: no prefix lookup, every position is computed
   std::vector<float> logits(static_cast<std::size_t>(n * vocab));
   if (mtp_logits) mtp_logits->assign(static_cast<std::size_t>((n - 1) * vocab), 0.0f);
-  std::vector<float> step_logits;
   try {
     std::int64_t pos = 0;
     while (pos < n) {
@@ -333,8 +335,7 @@ std::vector<float> Engine::score(std::span<const std::int32_t> tokens, std::int6
         for (std::int64_t t = 0; t < len; ++t) plan.mtp_tokens.push_back(pos + t + 1 < n ? tokens[pos + t + 1] : -1);
       plan.page_changes = kv_->take_page_changes();
       finish_step_plan(plan, kv_->spec());
-      step_logits.assign(static_cast<std::size_t>(plan.num_logits_rows() * vocab), 0.0f);
-      executor_.execute(plan, step_logits);
+      const std::span<const float> step_logits = executor_.execute(plan);
       std::copy_n(step_logits.begin(), len * vocab, logits.begin() + pos * vocab);
       if (mtp_logits)
         std::copy(step_logits.begin() + len * vocab, step_logits.end(), mtp_logits->begin() + pos * vocab);

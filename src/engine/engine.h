@@ -124,7 +124,6 @@ class Engine {
   std::unique_ptr<Scheduler> scheduler_;
   Sampler sampler_;
   std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;  // live requests (loop thread)
-  std::vector<float> logits_;
   std::int64_t next_score_id_ = -1;  // score() sequences use negative ids
 
   mutable std::mutex mu_;  // guards everything below

@@ -114,11 +114,13 @@ void RecordingExecutor::launch(const StepPlan& plan) {
   launched_ = &plan;
 }
 
-void RecordingExecutor::collect(std::span<float> logits) {
+std::span<const float> RecordingExecutor::collect_logits() {
   if (launched_ == nullptr) bad("collect without launch");
   const StepPlan& plan = *launched_;
   launched_ = nullptr;
-  execute_step(plan, logits);
+  logits_.assign(static_cast<std::size_t>(plan.num_logits_rows() * config_.vocab_size), 0.0f);
+  execute_step(plan, logits_);
+  return logits_;
 }
 
 void RecordingExecutor::execute_step(const StepPlan& plan, std::span<float> logits) {

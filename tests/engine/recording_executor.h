@@ -49,7 +49,7 @@ class RecordingExecutor : public Executor {
   const CacheSpec& cache_spec() const override { return spec_; }
   void allocate(std::span<const std::int64_t> pages_per_bucket, const StepLimits& limits) override;
   void launch(const StepPlan& plan) override;
-  void collect(std::span<float> logits) override;
+  std::span<const float> collect_logits() override;
   void set_inspector(Inspector*) override {}
   std::vector<std::uint8_t> cache_snapshot(int bucket) const override { return memory_.at(static_cast<std::size_t>(bucket)); }
 
@@ -78,6 +78,7 @@ class RecordingExecutor : public Executor {
   std::vector<std::vector<std::uint8_t>> memory_;  // per bucket
   PageTable pages_;
   const StepPlan* launched_ = nullptr;
+  std::vector<float> logits_;  // the collected step's logits (collect_logits)
 };
 
 }  // namespace dsv4::test

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -31,7 +32,9 @@ class TinyModel : public ::testing::Test {
 
   static CacheOptions options() { return {KvCacheDtype::kFp8, IndexerCacheDtype::kFp4, true}; }
 
-  // Runs `tokens` as one sequence in steps of the given sizes; returns [T, V] logits.
+  // Runs `tokens` as one sequence in steps of the given sizes; returns [T, V] logits. Steps
+  // alternate between the two ways of collecting logits: copied into the caller's buffer, and
+  // read in place from the executor (what the engine does).
   std::vector<float> run(CpuExecutor& exec, std::span<const std::int32_t> tokens, std::span<const std::int64_t> steps) {
     const CacheSpec& spec = exec.cache_spec();
     // Room for a whole prompt in one step: a step holds window and state pages for every token.
@@ -45,6 +48,7 @@ class TinyModel : public ::testing::Test {
     std::vector<float> logits(tokens.size() * static_cast<std::size_t>(V));
     EXPECT_EQ(cache.add_sequence(1, tokens), 0);
     std::size_t done = 0;
+    int step_index = 0;
     for (std::int64_t n : steps) {
       AllocResult alloc = cache.allocate(1, n);
       EXPECT_TRUE(alloc.ok()) << alloc.reason;
@@ -56,7 +60,14 @@ class TinyModel : public ::testing::Test {
       for (std::int64_t t = 0; t < n; ++t) plan.logits_tokens.push_back(static_cast<std::int32_t>(t));
       plan.page_changes = cache.take_page_changes();
       finish_step_plan(plan, spec);
-      exec.execute(plan, std::span<float>(logits).subspan(done * static_cast<std::size_t>(V), static_cast<std::size_t>(n * V)));
+      const std::span<float> mine = std::span<float>(logits).subspan(done * static_cast<std::size_t>(V), static_cast<std::size_t>(n * V));
+      if (step_index++ % 2 == 0) {
+        exec.execute(plan, mine);
+      } else {
+        const std::span<const float> in_place = exec.execute(plan);
+        EXPECT_EQ(in_place.size(), mine.size());
+        std::copy_n(in_place.begin(), std::min(in_place.size(), mine.size()), mine.begin());
+      }
       cache.commit(1, plan.token_ids);
       cache.check_invariants();
       done += static_cast<std::size_t>(n);
