@@ -336,6 +336,8 @@ std::vector<float> Engine::score(std::span<const std::int32_t> tokens, std::int6
       plan.page_changes = kv_->take_page_changes();
       finish_step_plan(plan, kv_->spec());
       const std::span<const float> step_logits = executor_.execute(plan);
+      if (step_logits.size() != static_cast<std::size_t>(plan.num_logits_rows() * vocab))
+        fail("score: the executor returned {} logits for {} rows", step_logits.size(), plan.num_logits_rows());
       std::copy_n(step_logits.begin(), len * vocab, logits.begin() + pos * vocab);
       if (mtp_logits)
         std::copy(step_logits.begin() + len * vocab, step_logits.end(), mtp_logits->begin() + pos * vocab);

@@ -43,7 +43,7 @@ class Executor {
   // Starts one step: writes every cache entry the plan's slot mappings name (reading earlier
   // entries through the block tables) and computes the logits of plan.logits_tokens, then, when
   // plan.mtp_tokens is set, the MTP logits of plan.mtp_rows. The plan must stay alive and
-  // unchanged until collect() returns. Throws Error for plans beyond the limits.
+  // unchanged until collect_logits() returns. Throws Error for plans beyond the limits.
   virtual void launch(const StepPlan& plan) = 0;
   // Waits for the launched step and returns its fp32 logits, [plan.num_logits_rows(), vocab_size],
   // in the executor's own memory: valid until the next launch. (No copy: at 64 decode rows the V4
