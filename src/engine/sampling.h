@@ -7,8 +7,10 @@
 //   temperature == 0 (or below 1e-5)   greedy: the largest logit, ties to the lower token id
 //   otherwise                          softmax(logits / temperature), restricted to the top_k
 //                                      largest, then to the nucleus: the smallest set, sorted
-//                                      by probability then id, whose mass reaches top_p;
-//                                      one uniform draw walks that set in that order.
+//                                      by probability then id, whose mass (summed in that order)
+//                                      reaches top_p of the total (summed in id order without
+//                                      top_k, in that order with it); one uniform draw walks that
+//                                      set in that order.
 // Logprobs, when asked for, are log_softmax of the raw logits (before temperature, top-k and
 // top-p), computed in double in token-id order, as the OpenAI API reports them.
 #pragma once
@@ -71,6 +73,7 @@ class Sampler {
   };
   std::vector<Candidate> candidates_;
   std::vector<double> weights_;
+  std::vector<double> bucket_mass_;  // top-p: the mass by bucket of the scaled logit
 };
 
 }  // namespace dsv4
