@@ -21,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/thread_pool.h"
 #include "executor/executor.h"
 #include "engine/request.h"
 #include "engine/sampling.h"
@@ -40,6 +41,10 @@ struct EngineConfig {
   std::int64_t cache_bytes = 0;
   std::int64_t cache_context = 0;
   bool prefix_caching = true;
+  // Threads that sample a step's rows (the caller's included); 0: the machine's hardware
+  // threads, at most 8. Each row's token depends only on its row and request (sampling.h), so
+  // the count changes nothing but the time.
+  int sampling_threads = 0;
 };
 
 // A snapshot, safe to read from any thread.
@@ -122,7 +127,7 @@ class Engine {
   EngineConfig config_;
   std::unique_ptr<KvCacheManager> kv_;
   std::unique_ptr<Scheduler> scheduler_;
-  Sampler sampler_;
+  std::unique_ptr<ThreadPool> sample_pool_;  // null: one thread
   std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;  // live requests (loop thread)
   std::int64_t next_score_id_ = -1;  // score() sequences use negative ids
 
