@@ -560,10 +560,9 @@ TEST(GpuOps, Fp4GpuLayout) {
 // The weight-streaming kernel's plans (gemm_stream.h): one tile or several tiles a warpgroup, a
 // warpgroup without tiles, k split over CTAs (unevenly; partials added by the last to arrive),
 // activation rows of 8 to 64 a CTA and several such blocks, weights whose last tile is partial,
-// k tails. Each product runs twice
-// (the arrival counts must be back at zero, and the bits must repeat). Against cpu linear, element
-// by element: one bf16 ulp plus the summation-order bound (the FP8 tensor cores keep fewer bits
-// than fp32 inside a product chain: order_bound).
+// k tails. Each product runs twice (the arrival counts must be back at zero, and the bits must
+// repeat). Against cpu linear, element by element: one bf16 ulp plus the summation-order bound
+// (order_bound). At 9-64 rows of wide outputs, the executor's choice must give the same bits.
 TEST(GpuOps, GemmStreamShapes) {
   struct Case {
     GemmShape shape;

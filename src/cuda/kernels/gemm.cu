@@ -1183,12 +1183,15 @@ void launch_mma_bf16(const MmaArgs& args, std::int64_t row_tiles, int groups, gp
          dim3(kThreads), kMmaSmem, stream, args);
 }
 
+// Whether environment variable `name` holds `value` (the callers keep the answer in a static).
+bool env_is(const char* name, std::string_view value) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::string_view(env) == value;
+}
+
 // DSV4_GEMM_LIBRARY=1: prompt steps take cuBLASLt where it runs (gemm.h GemmPath).
 bool library_opted_in() {
-  static const bool on = [] {
-    const char* env = std::getenv("DSV4_GEMM_LIBRARY");
-    return env != nullptr && std::string_view(env) == "1";
-  }();
+  static const bool on = env_is("DSV4_GEMM_LIBRARY", "1");
   return on;
 }
 
@@ -1211,10 +1214,7 @@ bool use_small(std::int64_t rows, std::int64_t n, GemmPath path) {
 // whose partial sums and activation staging cost more than re-reading the weight per 8 rows.
 // DSV4_GEMM_STREAM=0 in the environment turns the automatic choice off (comparisons).
 bool stream_opted_out() {
-  static const bool off = [] {
-    const char* env = std::getenv("DSV4_GEMM_STREAM");
-    return env != nullptr && std::string_view(env) == "0";
-  }();
+  static const bool off = env_is("DSV4_GEMM_STREAM", "0");
   return off;
 }
 
