@@ -6,6 +6,7 @@
 //   bench_gpu_attention [--cases decode,prefill,indexer] [--batches 1,64,128] [--reps N]
 //                       [--top-k-segments S] [--ctas-per-token C]   (indexer launch overrides; 0: auto)
 //                       [--splits S]   (decode attention's split count; 0: attention_splits' choice)
+//                       [--top-k K]    (decode: the CSA cases' top-k instead of 512 / 1024; no FlashMLA figure)
 //
 // decode   s_q = 2 query tokens per sequence (a token and its MTP draft) at the end of a 16K
 //          context, FP8 main-KV cache (584-byte entries) read through block tables:
@@ -319,8 +320,13 @@ double flashmla_decode_us(const std::string& name, std::int64_t batch) {
   return 0.0;
 }
 
-void bench_decode(const std::vector<std::int64_t>& batches, int reps, int forced_splits, const Ceilings& c) {
-  const AttentionCase cases[] = {{"V4-Flash CSA", 64, 4, 512}, {"V4-Pro CSA", 128, 4, 1024}, {"V4-Flash HCA", 64, 128, 0}};
+void bench_decode(const std::vector<std::int64_t>& batches, int reps, int forced_splits, std::int64_t top_k, const Ceilings& c) {
+  AttentionCase cases[] = {{"V4-Flash CSA", 64, 4, 512}, {"V4-Pro CSA", 128, 4, 1024}, {"V4-Flash HCA", 64, 128, 0}};
+  if (top_k > 0) {
+    cases[0].top_k = top_k;
+    cases[1].top_k = top_k;
+    fmt::print("(CSA top-k {} instead of 512 / 1024: the FlashMLA figures do not apply)\n", top_k);
+  }
   fmt::print("Decode attention: s_q = 2, context 16384, FP8 cache; time = median of {} runs\n\n", reps);
   fmt::print("| case (decode, s_q = 2) | batch | splits | copies | time (us) | FlashMLA (us) | vs FlashMLA | TFLOP/s | of bf16 peak | GB/s | of HBM |\n");
   fmt::print("|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -329,7 +335,7 @@ void bench_decode(const std::vector<std::int64_t>& batches, int reps, int forced
       double flops = 0, bytes = 0;
       int copies = 0, splits = 0;
       const double us = run_attention(ac, b, 2, 16384, reps, true, forced_splits, &flops, &bytes, &copies, &splits);
-      const double ref = flashmla_decode_us(ac.name, b);
+      const double ref = top_k > 0 && ac.ratio == 4 ? 0.0 : flashmla_decode_us(ac.name, b);
       const double tf = flops / (us * 1e-6) / 1e12, gbs = bytes / (us * 1e-6) / 1e9;
       fmt::print("| {} | {} | {} | {} | {:.1f} | {} | {} | {:.0f} | {:.0f}% | {:.0f} | {:.0f}% |\n", ac.name, b, splits, copies, us,
                  ref > 0 ? fmt::format("{:.1f}", ref) : "-", ref > 0 ? fmt::format("{:.2f}x", ref / us) : "-", tf,
@@ -470,6 +476,7 @@ int run(int argc, char** argv) {
   int reps = 50;
   IndexerKnobs knobs;
   int splits = 0;
+  std::int64_t top_k = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i], value = argv[i + 1];
     if (key == "--batches")
@@ -482,6 +489,8 @@ int run(int argc, char** argv) {
       knobs.top_k_segments = std::max(0, std::atoi(value.c_str()));
     else if (key == "--ctas-per-token")
       knobs.ctas_per_token = std::max(0, std::atoi(value.c_str()));
+    else if (key == "--top-k")
+      top_k = std::clamp<std::int64_t>(std::atoll(value.c_str()), 0, 4096);
     else if (key == "--splits")
       splits = std::clamp(std::atoi(value.c_str()), 0, 32);
     else
@@ -502,7 +511,7 @@ int run(int argc, char** argv) {
   fmt::print("device: {} ({} SMs, L2 {} MB)\nHBM bandwidth (4 GiB copy, read + write): {:.2f} TB/s\n", info.name, info.sm_count,
              info.l2_bytes >> 20, c.bw / 1e12);
   fmt::print("mma.sync peak: bf16 {:.0f} TFLOP/s\n\n", c.bf16);
-  if (wanted("decode")) bench_decode(batches, reps, splits, c);
+  if (wanted("decode")) bench_decode(batches, reps, splits, top_k, c);
   if (wanted("prefill")) bench_prefill(std::min(reps, 20), c);
   if (wanted("indexer")) bench_indexer(reps, c, knobs);
   return 0;

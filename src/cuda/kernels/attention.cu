@@ -153,8 +153,10 @@ __device__ __forceinline__ void finish_pair(float v0, float v1, int d, const flo
   out[d + 1] = bf16_bits(x1);
 }
 
-// A CTA takes the 64 heads of one token (head group blockIdx.y) and a range of its key chunks, with
-// three warpgroups in two roles that hand the two key tiles back and forth through mbarriers:
+// A CTA takes the 64 heads of one token (blockIdx.x = token x head groups + head group: the CTAs of
+// a token's head groups run side by side, so the second finds the keys in L2) and a range of its
+// key chunks (split blockIdx.z), with three warpgroups in two roles that hand the two key tiles
+// back and forth through mbarriers:
 //   producer (warpgroup 2): resolves key addresses, loads chunk c's fp8 entries into registers,
 //      waits until the consumers released the tile of chunk c - 2 ("empty"), dequantizes into it
 //      (exact: fp8 code x power-of-two scale; rope dims copied) and marks it "full"
@@ -184,9 +186,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   __shared__ DeviceCacheGroup groups_s[2];  // the window's and the compressed entries'
 
   const DeviceStep& st = *a.step;
-  const int t = blockIdx.x;
+  const int groups = (a.heads + kHeads - 1) / kHeads;
+  const int t = static_cast<int>(blockIdx.x) / groups;
   if (t >= st.n_tokens) return;
-  const int hg = blockIdx.y, split = blockIdx.z;
+  const int hg = static_cast<int>(blockIdx.x) % groups, split = blockIdx.z;
   const int tid = threadIdx.x;
   const int row = st.token_row[t];
 
@@ -671,8 +674,7 @@ void sparse_attention(const AttentionArgs& args, gpu_stream_t stream) {
   if (args.splits > kMaxSplits) launch_error("sparse_attention: {} splits (at most {})", {args.splits, kMaxSplits});
   if (args.splits > 1 && args.splits * args.capacity > kMaxSplitTokens)
     launch_error("sparse_attention: {} splits x {} tokens exceed the partial buffers", {args.splits, args.capacity});
-  const dim3 grid(static_cast<unsigned>(args.capacity), static_cast<unsigned>((args.heads + kHeads - 1) / kHeads),
-                  static_cast<unsigned>(args.splits));
+  const dim3 grid(static_cast<unsigned>(args.capacity * ((args.heads + kHeads - 1) / kHeads)), 1, static_cast<unsigned>(args.splits));
   static const bool smem_set = (set_max_dynamic_smem(attention_kernel, kSmemBytes), true);
   (void)smem_set;
   launch(attention_kernel, grid, dim3(kThreads), kSmemBytes, stream, args);
