@@ -29,7 +29,9 @@
 // load_global_or and load_global_v{2,4}_or_zero (predicated loads), load_global_l2_v4,
 // named_barrier_sync, setmaxnreg_inc / setmaxnreg_dec (warpgroup register budgets),
 // Hopper's mbarriers with bulk copies into shared memory (mbarrier_init, mbarrier_arrive,
-// mbarrier_arrive_expect_tx, bulk_copy_to_shared, mbarrier_wait), and warpgroup mma (wgmma_descriptor,
+// mbarrier_arrive_expect_tx, bulk_copy_to_shared, mbarrier_wait), thread block clusters
+// (launch_cluster, cluster_rank, cluster_blocks, cluster_sync, cluster_map, mbarrier_arrive_remote,
+// mbarrier_wait_cluster), and warpgroup mma (wgmma_descriptor,
 // fence_proxy_async_shared, wgmma_fence, wgmma_m64n{32,64}k16_bf16, wgmma_m64n256k16_bf16_bt,
 // wgmma_m64n64k32_e4m3, wgmma_m64k16_f16_rs<N> (A from registers), wgmma_m64k16_f16<N>,
 // wgmma_commit, wgmma_wait, wgmma_fence_operands).
@@ -86,6 +88,42 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem_bytes,
     const unsigned b[3] = {block.x, block.y, block.z};
     detail::launch_failed(reinterpret_cast<const void*>(kernel), static_cast<int>(err), g, b, smem_bytes);
   }
+}
+
+namespace detail {
+// cudaLaunchKernelEx with one launch attribute, then the same check as launch.
+template <class... P, class... A>
+void launch_with(const cudaLaunchAttribute& attribute, void (*kernel)(P...), dim3 grid, dim3 block,
+                 std::size_t smem_bytes, gpu_stream_t stream, A&&... args) {
+  cudaLaunchAttribute attributes[1] = {attribute};
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  config.attrs = attributes;
+  config.numAttrs = 1;
+  cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<A>(args)...);
+  if (err == cudaSuccess) err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    const unsigned g[3] = {grid.x, grid.y, grid.z};
+    const unsigned b[3] = {block.x, block.y, block.z};
+    launch_failed(reinterpret_cast<const void*>(kernel), static_cast<int>(err), g, b, smem_bytes);
+  }
+}
+}  // namespace detail
+
+// As launch, in clusters of `cluster` blocks along x (1 to 8, dividing grid.x): see cluster_sync.
+template <class... P, class... A>
+void launch_cluster(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem_bytes, unsigned cluster,
+                    gpu_stream_t stream, A&&... args) {
+  static_assert(sizeof...(P) == sizeof...(A), "gpu::launch_cluster: wrong number of kernel arguments");
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = cluster;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  detail::launch_with(attribute, kernel, grid, block, smem_bytes, stream, std::forward<A>(args)...);
 }
 
 // Allows launches of `kernel` with up to `bytes` of dynamic shared memory (above the default
@@ -269,6 +307,48 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, unsigned parit
       : "memory");
 }
 
+// Thread block clusters (sm_90; launch_cluster): `cluster` consecutive blocks along x run at the
+// same time on one GPC and can reach each other's shared memory. cluster_rank() is the block's
+// rank in its cluster, cluster_blocks() the cluster's size. cluster_sync() waits until every
+// thread of the cluster arrived (release / acquire at cluster scope: shared-memory writes before
+// it, the peers' included, are visible after it). cluster_map(p, rank) is the address at p's offset
+// in block `rank`'s shared memory (p points into the block's own): plain loads and stores through
+// it reach that block (distributed shared memory). mbarrier_arrive_remote(bar, rank) arrives on the
+// barrier at bar's offset in block `rank`, releasing at cluster scope the caller's earlier stores;
+// mbarrier_wait_cluster is mbarrier_wait acquiring at cluster scope, so a phase completed by
+// remote arrivals makes their stores visible. A block must not exit while a peer may still touch
+// its shared memory (end with cluster_sync).
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ unsigned cluster_blocks() {
+  unsigned n;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+  return n;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+template <class T>
+__device__ __forceinline__ T* cluster_map(T* p, unsigned rank) {
+  std::uint64_t out;
+  asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(out) : "l"(reinterpret_cast<std::uint64_t>(p)), "r"(rank));
+  return reinterpret_cast<T*>(out);
+}
+__device__ __forceinline__ void mbarrier_arrive_remote(std::uint64_t* bar, unsigned rank) {
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_address(bar)), "r"(rank));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait_cluster(std::uint64_t* bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n@!done "
+      "bra WAIT_%=;\n}\n" ::"r"(smem_address(bar)),
+      "r"(parity)
+      : "memory");
+}
 
 // Warpgroup mma (wgmma, sm_90a): the four warps of a warpgroup (threads 128 w .. 128 w + 127,
 // all of them, converged) compute D[64 x 64] (+)= A[64 x 16] B[64 x 16]^T in fp32 from bf16
@@ -490,8 +570,8 @@ inline constexpr bool kSimulated = true;
 // synchronous). The arguments are converted to the kernel's parameter types once, as CUDA copies
 // them into parameter space; every simulated thread gets its own copy.
 template <class... P, class... A>
-void launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem_bytes, gpu_stream_t stream,
-            A&&... args) {
+void launch_cluster(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem_bytes, unsigned cluster,
+                    gpu_stream_t stream, A&&... args) {
   static_assert(sizeof...(P) == sizeof...(A), "gpu::launch: wrong number of kernel arguments");
   (void)stream;
   using Params = std::tuple<std::decay_t<P>...>;
@@ -500,13 +580,21 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem_bytes,
     void (*kernel)(P...);
     Params* params;
   } context{kernel, &params};
-  sim::LaunchRequest request{reinterpret_cast<sim::KernelId>(kernel), grid, block, smem_bytes,
+  sim::LaunchRequest request{reinterpret_cast<sim::KernelId>(kernel),
+                             grid,
+                             block,
+                             smem_bytes,
                              [](void* c) {
                                auto* ctx = static_cast<Context*>(c);
                                std::apply(ctx->kernel, *ctx->params);
                              },
-                             &context};
+                             &context,
+                             cluster};
   sim::run_grid(request);
+}
+template <class... P, class... A>
+void launch(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem_bytes, gpu_stream_t stream, A&&... args) {
+  launch_cluster(kernel, grid, block, smem_bytes, 1, stream, std::forward<A>(args)...);
 }
 
 template <class... P>
@@ -746,6 +834,26 @@ inline void bulk_copy_to_shared(void* smem, const void* gmem, unsigned bytes, st
 }
 inline void mbarrier_wait(std::uint64_t* bar, unsigned parity,
                           std::source_location loc = std::source_location::current()) {
+  sim::mbarrier_wait(bar, parity, loc);
+}
+
+inline unsigned cluster_rank(std::source_location loc = std::source_location::current()) {
+  return sim::cluster_rank(loc);
+}
+inline unsigned cluster_blocks(std::source_location loc = std::source_location::current()) {
+  return sim::cluster_blocks(loc);
+}
+inline void cluster_sync(std::source_location loc = std::source_location::current()) { sim::cluster_sync(loc); }
+template <class T>
+inline T* cluster_map(T* p, unsigned rank, std::source_location loc = std::source_location::current()) {
+  return static_cast<T*>(sim::cluster_map(p, rank, loc));
+}
+inline void mbarrier_arrive_remote(std::uint64_t* bar, unsigned rank,
+                                   std::source_location loc = std::source_location::current()) {
+  sim::mbarrier_arrive_remote(bar, rank, loc);
+}
+inline void mbarrier_wait_cluster(std::uint64_t* bar, unsigned parity,
+                                  std::source_location loc = std::source_location::current()) {
   sim::mbarrier_wait(bar, parity, loc);
 }
 

@@ -566,6 +566,39 @@ __global__ void __launch_bounds__(384, 1)
   }
 }
 
+// Thread block clusters: thread t of the block of rank r writes a value naming it into the next
+// block's (rank r + 1, cyclically) shared memory through cluster_map; after cluster_sync each
+// thread reads what the previous block wrote. Thread 0 also reports the rank and cluster size.
+__global__ void cluster_exchange_kernel(unsigned* out, unsigned* ranks) {
+  DSV4_DYNAMIC_SMEM(unsigned, buf);
+  const unsigned t = threadIdx.x, n = blockDim.x, r = gpu::cluster_rank(), c = gpu::cluster_blocks();
+  unsigned* next = gpu::cluster_map(buf, (r + 1) % c);
+  next[t] = r * 100000u + blockIdx.x * 1000u + t;
+  gpu::cluster_sync();
+  out[blockIdx.x * n + t] = buf[(t + 3) % n];
+  if (t == 0) ranks[blockIdx.x] = r | (c << 8);
+  gpu::cluster_sync();  // no block exits while its peer may still write into it
+}
+
+// Remote mbarrier arrivals, two phases: every thread of a block stores into its peer's (rank ^ 1)
+// buffer and arrives on the peer's barrier (count: the block's threads); each block waits for its
+// own barrier's phase (acquire at cluster scope) and reads what the peer stored.
+__global__ void cluster_mbarrier_kernel(unsigned* out) {
+  DSV4_DYNAMIC_SMEM(std::uint64_t, bar);
+  unsigned* buf = reinterpret_cast<unsigned*>(bar + 1);
+  const unsigned t = threadIdx.x, n = blockDim.x, r = gpu::cluster_rank(), peer = r ^ 1u;
+  if (t == 0) gpu::mbarrier_init(bar, n);
+  gpu::cluster_sync();  // both barriers initialized before any remote arrival
+  unsigned* peer_buf = gpu::cluster_map(buf, peer);
+  for (unsigned phase = 0; phase < 2; ++phase) {
+    peer_buf[t] = phase * 7u + r * 1000u + t * 3u;
+    gpu::mbarrier_arrive_remote(bar, peer);
+    gpu::mbarrier_wait_cluster(bar, phase & 1u);
+    out[(phase * gridDim.x + blockIdx.x) * n + t] = buf[(t + 1) % n];
+    gpu::cluster_sync();  // both blocks read this phase's values before the next one's stores
+  }
+}
+
 __global__ void bf16_kernel(const float* in, int n, unsigned short* bits, unsigned short* bits_rn, float* back,
                             float2* pair, float* lows, float* highs) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
@@ -1245,6 +1278,44 @@ TEST(DeviceLanguage, WarpSpecializedRolesHandOverThroughMbarriersAndNamedBarrier
     const uint2 want = p % 2 == 0 ? src2[p] : make_uint2(0u, 0u);
     EXPECT_TRUE(dst2[p].x == want.x && dst2[p].y == want.y) << p;
   }
+}
+
+TEST(DeviceLanguage, ClusterBlocksReachEachOthersSharedMemory) {
+  const unsigned threads = 96;
+  for (unsigned cluster : {1u, 2u, 4u}) {
+    const unsigned blocks = 8;
+    DeviceVector<unsigned> d_out(blocks * threads), d_ranks(blocks);
+    d_out.fill(std::vector<unsigned>(blocks * threads, 0xdeadbeefu));
+    gpu::launch_cluster(cluster_exchange_kernel, dim3(blocks), dim3(threads), threads * sizeof(unsigned), cluster,
+                        test_stream().handle(), d_out.get(), d_ranks.get());
+    const auto out = d_out.to_host();
+    const auto ranks = d_ranks.to_host();
+    for (unsigned b = 0; b < blocks; ++b) {
+      const unsigned r = b % cluster, prev_rank = (r + cluster - 1) % cluster, prev = b - r + prev_rank;
+      EXPECT_EQ(ranks[b], r | (cluster << 8)) << "cluster " << cluster << " block " << b;
+      for (unsigned t = 0; t < threads; ++t) {
+        const unsigned from = (t + 3) % threads;
+        ASSERT_EQ(out[b * threads + t], prev_rank * 100000u + prev * 1000u + from)
+            << "cluster " << cluster << " block " << b << " thread " << t;
+      }
+    }
+  }
+}
+
+TEST(DeviceLanguage, ClusterRemoteMbarrierArrivalsPublishStores) {
+  const unsigned threads = 128, blocks = 6;
+  DeviceVector<unsigned> d_out(2 * blocks * threads);
+  d_out.fill(std::vector<unsigned>(2 * blocks * threads, 0xdeadbeefu));
+  gpu::launch_cluster(cluster_mbarrier_kernel, dim3(blocks), dim3(threads), 8 + threads * sizeof(unsigned), 2,
+                      test_stream().handle(), d_out.get());
+  const auto out = d_out.to_host();
+  for (unsigned phase = 0; phase < 2; ++phase)
+    for (unsigned b = 0; b < blocks; ++b)
+      for (unsigned t = 0; t < threads; ++t) {
+        const unsigned peer_rank = (b % 2) ^ 1u, from = (t + 1) % threads;
+        ASSERT_EQ(out[(phase * blocks + b) * threads + t], phase * 7u + peer_rank * 1000u + from * 3u)
+            << "phase " << phase << " block " << b << " thread " << t;
+      }
 }
 
 TEST(DeviceLanguage, Bf16ConversionsMatchTheReference) {

@@ -261,6 +261,17 @@ __global__ void misaligned_vector_load_kernel(const unsigned char* src, unsigned
 // Barrier 0 is __syncthreads'.
 __global__ void named_barrier_zero_kernel() { gpu::named_barrier_sync(0, 32); }
 
+// The block of rank 1 leaves its cluster without the cluster barrier the other waits at.
+__global__ void cluster_skip_kernel(unsigned* out) {
+  DSV4_DYNAMIC_SMEM(unsigned, buf);
+  buf[threadIdx.x] = threadIdx.x;
+  if (gpu::cluster_rank() == 1) return;
+  gpu::cluster_sync();
+  out[threadIdx.x] = buf[threadIdx.x];
+}
+// cluster_map of an address outside the block's dynamic shared memory.
+__global__ void cluster_map_global_kernel(unsigned* out) { *gpu::cluster_map(out, 1) = 1u; }
+
 // =================================================================================================
 
 TEST(Simulator, BarrierSkippedByHalfTheBlockIsReported) {
@@ -280,6 +291,27 @@ TEST(Simulator, DeadlockIsReportedWithWhereEveryThreadWaits) {
   EXPECT_THAT(error, AllOf(HasSubstr("deadlock"), HasSubstr("warp_vs_block_deadlock_kernel"),
                            HasSubstr("threads 0-15 (warp 0): __shfl_sync (mask 0xffffffff)"),
                            HasSubstr("threads 16-31 (warp 0): __syncthreads at")));
+  expect_simulator_healthy();
+}
+
+TEST(Simulator, ClusterBarrierAndMappingAreChecked) {
+  gpu::DeviceBuffer out(32 * sizeof(unsigned));
+  // Rank 1 exits; rank 0 then passes the barrier alone (as on the GPU, exited threads do not hold
+  // it up), so the launch completes.
+  gpu::launch_cluster(cluster_skip_kernel, dim3(2), dim3(32), 32 * sizeof(unsigned), 2, test_stream().handle(),
+                      out.as<unsigned>());
+  try {
+    gpu::launch_cluster(cluster_skip_kernel, dim3(3), dim3(32), 32 * sizeof(unsigned), 2, test_stream().handle(),
+                        out.as<unsigned>());
+    ADD_FAILURE() << "a grid of 3 blocks in clusters of 2 was launched";
+  } catch (const dsv4::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("invalid cluster of 2 blocks"));
+  }
+  const std::string map_error = sim_error([&] {
+    gpu::launch_cluster(cluster_map_global_kernel, dim3(2), dim3(1), 16, 2, test_stream().handle(), out.as<unsigned>());
+  });
+  EXPECT_THAT(map_error, AllOf(HasSubstr("cluster_map at"), HasSubstr("dynamic shared memory"),
+                               HasSubstr("cluster_map_global_kernel")));
   expect_simulator_healthy();
 }
 

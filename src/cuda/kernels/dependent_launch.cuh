@@ -36,20 +36,7 @@ void launch_dependent(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t s
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<A>(args)...);
-  if (err == cudaSuccess) err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    const unsigned g[3] = {grid.x, grid.y, grid.z};
-    const unsigned b[3] = {block.x, block.y, block.z};
-    detail::launch_failed(reinterpret_cast<const void*>(kernel), static_cast<int>(err), g, b, smem_bytes);
-  }
+  detail::launch_with(attribute, kernel, grid, block, smem_bytes, stream, std::forward<A>(args)...);
 }
 
 #else

@@ -134,14 +134,15 @@ namespace dsv4::gpu::sim {
 namespace {
 
 enum class State : std::uint8_t {
-  kReady,     // can run
-  kBarrier,   // waits at a block barrier
-  kWarp,      // waits at a warp collective
-  kMbarrier,  // waits for an mbarrier phase
-  kNamed,     // waits at a named barrier (data: its id, pred: its thread count)
+  kReady,      // can run
+  kBarrier,    // waits at a block barrier
+  kWarp,       // waits at a warp collective
+  kMbarrier,   // waits for an mbarrier phase
+  kNamed,      // waits at a named barrier (data: its id, pred: its thread count)
   kRegisters,  // waits in setmaxnreg_inc for registers (pred: how many)
-  kExited,    // returned from the kernel
-  kFailed,    // reported an error (kThrow mode) or threw
+  kCluster,    // waits at the cluster barrier (cluster_sync)
+  kExited,     // returned from the kernel
+  kFailed,     // reported an error (kThrow mode) or threw
 };
 
 struct Fiber;
@@ -191,6 +192,7 @@ struct Fiber {
   Builtins builtins{};
   Context context{};
   unsigned linear = 0;  // linear thread index in the block
+  unsigned rank = 0;    // its block's rank in the cluster
   unsigned warp = 0;
   unsigned lane = 0;
   State state = State::kReady;
@@ -228,7 +230,16 @@ struct Fiber {
   }
 };
 
-// The launch being simulated.
+// A running block: its index, dynamic shared memory, setmaxnreg pool and wgmma products in
+// flight (by warpgroup, commit group, place in group). The blocks of a cluster run together.
+struct BlockRun {
+  uint3 block_idx{0, 0, 0};
+  unsigned char* smem = nullptr;
+  unsigned free_registers = 0;
+  std::map<std::tuple<unsigned, unsigned, unsigned>, WgmmaProduct> wgmma;
+};
+
+// The launch being simulated. Fiber rank * threads + i is thread i of the cluster's block `rank`.
 struct Launch {
   KernelId kernel;
   dim3 grid;
@@ -237,8 +248,8 @@ struct Launch {
   std::size_t smem_bytes;
   void (*body)(void*);
   void* context;
-  uint3 block_idx{0, 0, 0};
-  unsigned char* smem = nullptr;
+  unsigned cluster = 1;          // blocks per cluster (along x)
+  std::vector<BlockRun> blocks;  // of the running cluster
   std::size_t smem_capacity = 0;
 };
 
@@ -255,10 +266,7 @@ struct Simulator {
   Launch* launch = nullptr;
   Fiber* current = nullptr;
   std::string failure;  // a fiber's error report (kThrow mode)
-  std::unordered_map<const void*, Mbarrier> mbarriers;  // of the running block
-  unsigned free_registers = 0;  // the running block's pool for setmaxnreg_inc
-  // wgmma products in flight in the running block, by (warpgroup, commit group, place in group).
-  std::map<std::tuple<unsigned, unsigned, unsigned>, WgmmaProduct> wgmma;
+  std::unordered_map<const void*, Mbarrier> mbarriers;  // of the running cluster's blocks
   std::exception_ptr kernel_exception;
 
   // AddressSanitizer's view of the scheduler stack.
@@ -357,11 +365,18 @@ const std::string& kernel_name(KernelId kernel) {
 std::string format_dim(const dim3& d) { return fmt::format("({}, {}, {})", d.x, d.y, d.z); }
 std::string format_dim(const uint3& d) { return fmt::format("({}, {}, {})", d.x, d.y, d.z); }
 
+// The running fiber's block, or (from the scheduler) the running cluster's blocks.
 std::string launch_description() {
-  const Launch* l = sim().launch;
+  const Simulator& s = sim();
+  const Launch* l = s.launch;
   if (l == nullptr) return "outside a kernel";
-  return fmt::format("kernel {}, block {} of grid {}, block size {}", kernel_name(l->kernel),
-                     format_dim(l->block_idx), format_dim(l->grid), format_dim(l->block));
+  std::string blocks =
+      fmt::format("block {}", format_dim(l->blocks[s.current != nullptr ? s.current->rank : 0].block_idx));
+  if (l->cluster > 1 && s.current == nullptr)
+    blocks = fmt::format("the cluster of blocks {} to {}", format_dim(l->blocks.front().block_idx),
+                         format_dim(l->blocks.back().block_idx));
+  return fmt::format("kernel {}, {} of grid {}, block size {}", kernel_name(l->kernel), blocks, format_dim(l->grid),
+                     format_dim(l->block));
 }
 
 std::string format_location(const Location& loc) {
@@ -369,6 +384,9 @@ std::string format_location(const Location& loc) {
 }
 
 std::string thread_description(const Fiber& f) {
+  if (sim().launch != nullptr && sim().launch->cluster > 1)
+    return fmt::format("thread {} (warp {}, lane {}) of block {}", format_dim(f.builtins.thread_idx), f.warp, f.lane,
+                       format_dim(f.builtins.block_idx));
   return fmt::format("thread {} (warp {}, lane {})", format_dim(f.builtins.thread_idx), f.warp, f.lane);
 }
 
@@ -399,11 +417,12 @@ std::string wait_description(const Fiber& f) {
       return fmt::format("mbarrier_wait (barrier {}, parity {}) at {}", f.data, f.pred, format_location(f.where));
     case State::kRegisters:
       return fmt::format("setmaxnreg_inc (to {} registers a thread, {} more than it has; the block has {} free) at {}",
-                         f.registers + static_cast<unsigned>(f.pred), f.pred, sim().free_registers,
-                         format_location(f.where));
+                         f.registers + static_cast<unsigned>(f.pred), f.pred,
+                         sim().launch->blocks[f.rank].free_registers, format_location(f.where));
     case State::kNamed:
       return fmt::format("named_barrier_sync (barrier {}, {} threads) at {}", reinterpret_cast<std::uintptr_t>(f.data),
                          f.pred, format_location(f.where));
+    case State::kCluster: return fmt::format("cluster_sync at {}", format_location(f.where));
     case State::kExited:
       return "exited";
     case State::kFailed:
@@ -616,14 +635,14 @@ namespace {
 // Releases every group of warp w's lanes that can be released: a lane's group is its mask minus
 // the exited lanes, and it releases when all of them wait at the same collective with the same
 // mask. Returns whether something was released.
-bool release_warp(unsigned w, unsigned threads) {
+bool release_warp(unsigned base, unsigned w, unsigned threads) {
   Simulator& s = sim();
   Fiber* lanes[32] = {};
   unsigned alive = 0, waiting = 0;
   for (unsigned lane = 0; lane < 32; ++lane) {
     const unsigned i = w * 32 + lane;
     if (i >= threads) break;
-    Fiber* f = s.fibers[i].get();
+    Fiber* f = s.fibers[base + i].get();
     lanes[lane] = f;
     if (f->state != State::kExited) alive |= 1u << lane;
     if (f->state == State::kWarp) waiting |= 1u << lane;
@@ -657,12 +676,13 @@ bool same_location(const Location& a, const Location& b) {
          (a.file_name() == b.file_name() || std::strcmp(a.file_name(), b.file_name()) == 0);
 }
 
-// Releases the block barrier when every thread that has not exited waits at it.
-bool release_barrier(unsigned threads, unsigned exited) {
+// Releases the block barrier of the block whose threads are fibers base .. base + threads - 1
+// when every thread of it that has not exited waits at it.
+bool release_barrier(unsigned base, unsigned threads, unsigned exited) {
   Simulator& s = sim();
   unsigned waiting = 0;
   const Fiber* first = nullptr;
-  for (unsigned i = 0; i < threads; ++i) {
+  for (unsigned i = base; i < base + threads; ++i) {
     const Fiber& f = *s.fibers[i];
     if (f.state != State::kBarrier) continue;
     ++waiting;
@@ -677,7 +697,7 @@ bool release_barrier(unsigned threads, unsigned exited) {
   }
   if (waiting == 0 || waiting + exited != threads) return false;
   int count = 0;
-  for (unsigned i = 0; i < threads; ++i) {
+  for (unsigned i = base; i < base + threads; ++i) {
     const Fiber& f = *s.fibers[i];
     if (f.state == State::kBarrier && f.pred != 0) ++count;
   }
@@ -695,7 +715,7 @@ bool release_barrier(unsigned threads, unsigned exited) {
       result = count > 0 ? 1 : 0;
       break;
   }
-  for (unsigned i = 0; i < threads; ++i) {
+  for (unsigned i = base; i < base + threads; ++i) {
     Fiber& f = *s.fibers[i];
     if (f.state == State::kBarrier) {
       f.barrier_result = result;
@@ -705,13 +725,31 @@ bool release_barrier(unsigned threads, unsigned exited) {
   return true;
 }
 
+// Releases the cluster barrier when every thread of the cluster that has not exited waits at it.
+bool release_cluster(unsigned fibers) {
+  Simulator& s = sim();
+  unsigned waiting = 0, live = 0;
+  for (unsigned i = 0; i < fibers; ++i) {
+    const Fiber& f = *s.fibers[i];
+    if (f.state == State::kExited) continue;
+    ++live;
+    if (f.state == State::kCluster) ++waiting;
+  }
+  if (waiting == 0 || waiting != live) return false;
+  for (unsigned i = 0; i < fibers; ++i) {
+    Fiber& f = *s.fibers[i];
+    if (f.state == State::kCluster) f.state = State::kReady;
+  }
+  return true;
+}
+
 // Releases every named barrier at which as many threads wait as it counts; more waiting, or
 // threads waiting with different counts, is an error.
-bool release_named(unsigned threads) {
+bool release_named(unsigned base, unsigned threads) {
   Simulator& s = sim();
   unsigned waiting[kNamedBarriers] = {};
   const Fiber* first[kNamedBarriers] = {};
-  for (unsigned i = 0; i < threads; ++i) {
+  for (unsigned i = base; i < base + threads; ++i) {
     const Fiber& f = *s.fibers[i];
     if (f.state != State::kNamed) continue;
     const auto id = static_cast<unsigned>(reinterpret_cast<std::uintptr_t>(f.data));
@@ -732,7 +770,7 @@ bool release_named(unsigned threads) {
                               waiting[id], id, count));
     }
     if (waiting[id] < count) continue;
-    for (unsigned i = 0; i < threads; ++i) {
+    for (unsigned i = base; i < base + threads; ++i) {
       Fiber& f = *s.fibers[i];
       if (f.state == State::kNamed && reinterpret_cast<std::uintptr_t>(f.data) == id) f.state = State::kReady;
     }
@@ -742,13 +780,13 @@ bool release_named(unsigned threads) {
 }
 
 // Gives waiting setmaxnreg_inc calls their registers, in thread order, while the pool lasts.
-bool release_registers(unsigned threads) {
+bool release_registers(unsigned base, unsigned threads, BlockRun& block) {
   Simulator& s = sim();
   bool released = false;
-  for (unsigned i = 0; i < threads; ++i) {
+  for (unsigned i = base; i < base + threads; ++i) {
     Fiber& f = *s.fibers[i];
-    if (f.state != State::kRegisters || static_cast<unsigned>(f.pred) > s.free_registers) continue;
-    s.free_registers -= static_cast<unsigned>(f.pred);
+    if (f.state != State::kRegisters || static_cast<unsigned>(f.pred) > block.free_registers) continue;
+    block.free_registers -= static_cast<unsigned>(f.pred);
     f.registers += static_cast<unsigned>(f.pred);
     f.state = State::kReady;
     released = true;
@@ -758,10 +796,10 @@ bool release_registers(unsigned threads) {
 
 // setmaxnreg is warpgroup-wide (.sync.aligned): every thread of a warpgroup must end with the
 // same budget, or some of them skipped a call the others made.
-void check_register_budgets(unsigned threads) {
+void check_register_budgets(unsigned base, unsigned threads) {
   Simulator& s = sim();
-  for (unsigned i = 0; i < threads; ++i) {
-    const Fiber& first = *s.fibers[i / 128 * 128];
+  for (unsigned i = base; i < base + threads; ++i) {
+    const Fiber& first = *s.fibers[base + (i - base) / 128 * 128];
     const Fiber& f = *s.fibers[i];
     if (f.registers != first.registers) {
       raise_error(fmt::format("{}: setmaxnreg is warpgroup-wide, but {} ended with {} registers and {} with {}",
@@ -773,43 +811,48 @@ void check_register_budgets(unsigned threads) {
 
 // Nothing can run and nothing can be released: report divergent warp collectives, or a deadlock
 // with where every thread waits.
-[[noreturn]] void report_stuck(unsigned threads) {
+[[noreturn]] void report_stuck(unsigned blocks, unsigned threads) {
   Simulator& s = sim();
   const unsigned warps = (threads + 31) / 32;
-  for (unsigned w = 0; w < warps; ++w) {
-    unsigned alive = 0, waiting = 0;
-    for (unsigned lane = 0; lane < 32 && w * 32 + lane < threads; ++lane) {
-      const Fiber& f = *s.fibers[w * 32 + lane];
-      if (f.state != State::kExited) alive |= 1u << lane;
-      if (f.state == State::kWarp) waiting |= 1u << lane;
-    }
-    for (unsigned rest = waiting; rest != 0; rest &= rest - 1) {
-      const Fiber& f = *s.fibers[w * 32 + static_cast<unsigned>(std::countr_zero(rest))];
-      const unsigned group = f.mask & alive;
-      if ((group & ~waiting) != 0) continue;  // some lane of the group waits elsewhere: a deadlock
-      for (unsigned others = group; others != 0; others &= others - 1) {
-        const Fiber& m = *s.fibers[w * 32 + static_cast<unsigned>(std::countr_zero(others))];
-        if (m.collective != f.collective || m.mask != f.mask) {
-          raise_error(fmt::format("{}: divergent warp collectives in warp {}: lane {} waits at {} but lane {} waits at {}",
-                                  launch_description(), w, f.lane, wait_description(f), m.lane,
-                                  wait_description(m)));
+  for (unsigned base = 0; base < blocks * threads; base += threads) {
+    for (unsigned w = 0; w < warps; ++w) {
+      unsigned alive = 0, waiting = 0;
+      for (unsigned lane = 0; lane < 32 && w * 32 + lane < threads; ++lane) {
+        const Fiber& f = *s.fibers[base + w * 32 + lane];
+        if (f.state != State::kExited) alive |= 1u << lane;
+        if (f.state == State::kWarp) waiting |= 1u << lane;
+      }
+      for (unsigned rest = waiting; rest != 0; rest &= rest - 1) {
+        const Fiber& f = *s.fibers[base + w * 32 + static_cast<unsigned>(std::countr_zero(rest))];
+        const unsigned group = f.mask & alive;
+        if ((group & ~waiting) != 0) continue;  // some lane of the group waits elsewhere: a deadlock
+        for (unsigned others = group; others != 0; others &= others - 1) {
+          const Fiber& m = *s.fibers[base + w * 32 + static_cast<unsigned>(std::countr_zero(others))];
+          if (m.collective != f.collective || m.mask != f.mask) {
+            raise_error(
+                fmt::format("{}: divergent warp collectives in warp {}: lane {} waits at {} but lane {} waits at {}",
+                            launch_description(), w, f.lane, wait_description(f), m.lane, wait_description(m)));
+          }
         }
       }
     }
   }
   std::string report = fmt::format("{}: deadlock: no thread can continue. The threads wait at:", launch_description());
-  unsigned begin = 0;
-  while (begin < threads) {
-    const std::string what = wait_description(*s.fibers[begin]);
-    unsigned end = begin + 1;
-    while (end < threads && wait_description(*s.fibers[end]) == what) ++end;
-    const std::string threads_text =
-        end - begin == 1 ? fmt::format("thread {}", begin) : fmt::format("threads {}-{}", begin, end - 1);
-    const std::string warps_text = begin / 32 == (end - 1) / 32
-                                       ? fmt::format("warp {}", begin / 32)
-                                       : fmt::format("warps {}-{}", begin / 32, (end - 1) / 32);
-    report += fmt::format("\n  {} ({}): {}", threads_text, warps_text, what);
-    begin = end;
+  for (unsigned base = 0; base < blocks * threads; base += threads) {
+    if (blocks > 1) report += fmt::format("\n  block {}:", format_dim(s.fibers[base]->builtins.block_idx));
+    unsigned begin = 0;
+    while (begin < threads) {
+      const std::string what = wait_description(*s.fibers[base + begin]);
+      unsigned end = begin + 1;
+      while (end < threads && wait_description(*s.fibers[base + end]) == what) ++end;
+      const std::string threads_text =
+          end - begin == 1 ? fmt::format("thread {}", begin) : fmt::format("threads {}-{}", begin, end - 1);
+      const std::string warps_text = begin / 32 == (end - 1) / 32
+                                         ? fmt::format("warp {}", begin / 32)
+                                         : fmt::format("warps {}-{}", begin / 32, (end - 1) / 32);
+      report += fmt::format("\n  {} ({}): {}", threads_text, warps_text, what);
+      begin = end;
+    }
   }
   report += "\n  (thread numbers are linear: x + y * blockDim.x + z * blockDim.x * blockDim.y)";
   raise_error(report);
@@ -826,19 +869,24 @@ void check_failed(Fiber& f) {
   raise_error(s.failure);
 }
 
-void run_block(Launch& launch) {
+// Runs the blocks of one cluster (launch.blocks) together until every thread exited.
+void run_cluster(Launch& launch) {
   Simulator& s = sim();
-  const unsigned threads = launch.threads;
-  std::memset(launch.smem, 0xff, launch.smem_capacity);
+  const unsigned threads = launch.threads, blocks = launch.cluster, fibers = threads * blocks;
   s.mbarriers.clear();
-  s.wgmma.clear();
   const unsigned registers = std::min(255u, 65536u / ((threads + 31) / 32 * 32)) / 8 * 8;
-  s.free_registers = 0;
-  for (unsigned i = 0; i < threads; ++i) {
-    Fiber& f = *s.fibers[i];
+  for (BlockRun& b : launch.blocks) {
+    std::memset(b.smem, 0xff, launch.smem_capacity);
+    b.free_registers = 0;
+    b.wgmma.clear();
+  }
+  for (unsigned j = 0; j < fibers; ++j) {
+    Fiber& f = *s.fibers[j];
+    const unsigned i = j % threads;
     f.builtins.thread_idx = uint3{i % launch.block.x, (i / launch.block.x) % launch.block.y,
                                   i / (launch.block.x * launch.block.y)};
-    f.builtins.block_idx = launch.block_idx;
+    f.rank = j / threads;
+    f.builtins.block_idx = launch.blocks[f.rank].block_idx;
     f.builtins.block_dim = launch.block;
     f.builtins.grid_dim = launch.grid;
     f.linear = i;
@@ -855,32 +903,43 @@ void run_block(Launch& launch) {
   }
 
   const unsigned warps = (threads + 31) / 32;
-  unsigned exited = 0;
+  std::vector<unsigned> exited(blocks, 0);
   for (;;) {
     bool progress = false;
-    for (unsigned w = 0; w < warps; ++w) {
-      // Run the warp's lanes until none can run, release its collectives, repeat.
-      for (;;) {
-        for (unsigned i = w * 32; i < threads && i < (w + 1) * 32; ++i) {
-          Fiber& f = *s.fibers[i];
-          if (f.state != State::kReady) continue;
-          resume(f);
+    for (unsigned r = 0; r < blocks; ++r) {
+      const unsigned base = r * threads;
+      for (unsigned w = 0; w < warps; ++w) {
+        // Run the warp's lanes until none can run, release its collectives, repeat.
+        for (;;) {
+          for (unsigned i = w * 32; i < threads && i < (w + 1) * 32; ++i) {
+            Fiber& f = *s.fibers[base + i];
+            if (f.state != State::kReady) continue;
+            resume(f);
+            progress = true;
+            check_failed(f);
+            if (f.state == State::kExited) ++exited[r];
+          }
+          if (!release_warp(base, w, threads)) break;
           progress = true;
-          check_failed(f);
-          if (f.state == State::kExited) ++exited;
         }
-        if (!release_warp(w, threads)) break;
-        progress = true;
       }
     }
-    if (exited == threads) {
-      check_register_budgets(threads);
+    bool all_exited = true;
+    for (unsigned r = 0; r < blocks; ++r) all_exited = all_exited && exited[r] == threads;
+    if (all_exited) {
+      for (unsigned r = 0; r < blocks; ++r) check_register_budgets(r * threads, threads);
       return;
     }
-    if (release_barrier(threads, exited)) continue;
-    if (release_named(threads)) continue;
-    if (release_registers(threads)) continue;
-    if (!progress) report_stuck(threads);
+    bool released = false;
+    for (unsigned r = 0; r < blocks; ++r) {
+      const unsigned base = r * threads;
+      released = release_barrier(base, threads, exited[r]) || released;
+      released = release_named(base, threads) || released;
+      released = release_registers(base, threads, launch.blocks[r]) || released;
+    }
+    released = release_cluster(fibers) || released;
+    if (released) continue;
+    if (!progress) report_stuck(blocks, threads);
   }
 }
 
@@ -1152,7 +1211,7 @@ void setmaxnreg(unsigned regs, bool increase, const Location& loc) {
     });
   }
   if (!increase) {
-    sim().free_registers += f.registers - regs;
+    sim().launch->blocks[f.rank].free_registers += f.registers - regs;
     f.registers = regs;
     return;
   }
@@ -1293,7 +1352,7 @@ void try_complete(Mbarrier& m, const std::uint64_t* bar) {
   ++m.phase;
   m.pending = m.expected;
   Simulator& s = sim();
-  for (unsigned i = 0; i < s.launch->threads; ++i) {
+  for (unsigned i = 0; i < s.launch->threads * s.launch->cluster; ++i) {
     Fiber& w = *s.fibers[i];
     if (w.state == State::kMbarrier && w.data == bar && static_cast<unsigned>(w.pred) == parity)
       w.state = State::kReady;
@@ -1370,7 +1429,7 @@ namespace {
 // apart) times the two 8-value K groups of a k16 product (lbo apart), 128 bytes each.
 std::uint64_t operand_sum(std::uint64_t desc, int row_groups) {
   const std::uint64_t start = (desc & 0x3FFFu) << 4, lbo = ((desc >> 16) & 0x3FFFu) << 4, sbo = ((desc >> 32) & 0x3FFFu) << 4;
-  const unsigned char* smem = sim().launch->smem;
+  const unsigned char* smem = sim().launch->blocks[current_fiber("wgmma").rank].smem;
   std::uint64_t h = 1469598103934665603ull;
   for (int i = 0; i < row_groups; ++i)
     for (int j = 0; j < 2; ++j) {
@@ -1392,7 +1451,7 @@ void wgmma_issue(std::uint64_t desc_a, std::uint64_t desc_b, int b_row_groups, c
   Fiber& f = current_fiber("wgmma");
   WgmmaProduct probe{desc_a, desc_b, b_row_groups, 0, 0, 0, loc};
   const std::uint64_t sum = product_sum(probe);
-  WgmmaProduct& p = sim().wgmma[{f.linear / 128, f.wgmma_group, f.wgmma_in_group++}];
+  WgmmaProduct& p = sim().launch->blocks[f.rank].wgmma[{f.linear / 128, f.wgmma_group, f.wgmma_in_group++}];
   if (p.issued == 0) {
     p = probe;
     p.sum = sum;
@@ -1419,10 +1478,11 @@ void wgmma_wait(int pending_groups, const Location& loc) {
   Simulator& s = sim();
   const unsigned wg = f.linear / 128;
   const unsigned members = std::min(128u, s.launch->threads - wg * 128);
+  auto& products = s.launch->blocks[f.rank].wgmma;
   for (; f.wgmma_waited < done; ++f.wgmma_waited) {
     for (unsigned k = 0;; ++k) {
-      auto it = s.wgmma.find({wg, f.wgmma_waited, k});
-      if (it == s.wgmma.end()) break;
+      auto it = products.find({wg, f.wgmma_waited, k});
+      if (it == products.end()) break;
       WgmmaProduct& p = it->second;
       if (++p.waited < members) continue;
       if (p.issued != members) {
@@ -1439,15 +1499,49 @@ void wgmma_wait(int pending_groups, const Location& loc) {
                              format_location(p.where), format_location(loc));
         });
       }
-      s.wgmma.erase(it);
+      products.erase(it);
     }
   }
+}
+
+unsigned cluster_rank(const Location&) { return current_fiber("cluster_rank").rank; }
+
+unsigned cluster_blocks(const Location&) {
+  current_fiber("cluster_blocks");
+  return sim().launch->cluster;
+}
+
+void cluster_sync(const Location& loc) {
+  Fiber& f = current_fiber("cluster_sync");
+  f.state = State::kCluster;
+  f.where = loc;
+  yield(f);
+}
+
+void* cluster_map(const void* smem, unsigned rank, const Location& loc) {
+  Fiber& f = current_fiber("cluster_map");
+  const Launch& l = *sim().launch;
+  const auto* p = static_cast<const unsigned char*>(smem);
+  const unsigned char* own = l.blocks[f.rank].smem;
+  if (rank >= l.cluster || p < own || p >= own + l.smem_capacity) {
+    fiber_fail(f, [&] {
+      return fmt::format(
+          "cluster_map at {}: rank {} of a cluster of {} blocks, address {} (it must be into the "
+          "block's dynamic shared memory, {} bytes at {})",
+          format_location(loc), rank, l.cluster, smem, l.smem_capacity, static_cast<const void*>(own));
+    });
+  }
+  return l.blocks[rank].smem + (p - own);
+}
+
+void mbarrier_arrive_remote(std::uint64_t* bar, unsigned rank, const Location& loc) {
+  mbarrier_arrive(static_cast<std::uint64_t*>(cluster_map(bar, rank, loc)), 0, loc);
 }
 
 unsigned char* dynamic_smem() {
   Simulator& s = sim();
   if (s.launch == nullptr || s.current == nullptr) outside_kernel("dynamic shared memory");
-  return s.launch->smem;
+  return s.launch->blocks[s.current->rank].smem;
 }
 
 void device_assert_failed(const char* condition, const char* file, int line) {
@@ -1499,19 +1593,26 @@ void run_grid(const LaunchRequest& request) {
     }
   }
 
+  const unsigned cluster = request.cluster;
+  if (cluster == 0 || cluster > 8 || g.x % cluster != 0)
+    refuse(fmt::format("invalid cluster of {} blocks (1 to 8, dividing the grid's x dimension {})", cluster, g.x));
+
   std::lock_guard lock(s.launch_mutex);
   const unsigned threads = b.x * b.y * b.z;
-  while (s.fibers.size() < threads) {
+  while (s.fibers.size() < threads * cluster) {
     auto f = std::make_unique<Fiber>();
     allocate_stack(*f);
     s.fibers.push_back(std::move(f));
   }
-  Launch launch{request.kernel, g, b, threads, request.smem_bytes, request.body, request.context};
+  Launch launch{request.kernel, g, b, threads, request.smem_bytes, request.body, request.context, cluster, {}, 0};
   launch.smem_capacity = (std::max<std::size_t>(request.smem_bytes, 1) + 127) / 128 * 128;
-  std::unique_ptr<unsigned char, void (*)(void*)> smem(
-      static_cast<unsigned char*>(std::aligned_alloc(128, launch.smem_capacity)), std::free);
-  if (!smem) refuse("cannot allocate the simulated shared memory");
-  launch.smem = smem.get();
+  std::vector<std::unique_ptr<unsigned char, void (*)(void*)>> smem;
+  launch.blocks.resize(cluster);
+  for (unsigned r = 0; r < cluster; ++r) {
+    smem.emplace_back(static_cast<unsigned char*>(std::aligned_alloc(128, launch.smem_capacity)), std::free);
+    if (!smem.back()) refuse("cannot allocate the simulated shared memory");
+    launch.blocks[r].smem = smem.back().get();
+  }
 
   struct Reset {
     ~Reset() {
@@ -1525,9 +1626,9 @@ void run_grid(const LaunchRequest& request) {
   s.launch = &launch;
   for (unsigned z = 0; z < g.z; ++z) {
     for (unsigned y = 0; y < g.y; ++y) {
-      for (unsigned x = 0; x < g.x; ++x) {
-        launch.block_idx = uint3{x, y, z};
-        run_block(launch);
+      for (unsigned x = 0; x < g.x; x += cluster) {
+        for (unsigned r = 0; r < cluster; ++r) launch.blocks[r].block_idx = uint3{x + r, y, z};
+        run_cluster(launch);
       }
     }
   }

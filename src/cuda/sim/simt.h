@@ -15,8 +15,10 @@
 //  * Errors (deadlock, divergence, DSV4_DEVICE_ASSERT, misuse of a primitive) print a message
 //    naming the kernel, block and thread and abort, or throw SimError in ErrorMode::kThrow.
 //  * __shared__ variables are function-local statics: one copy that all threads of the running
-//    block share (blocks never run at the same time). Dynamic shared memory is refilled with 0xFF
-//    bytes before every block, so reading what no thread wrote gives NaN.
+//    block share (blocks never run at the same time, except the blocks of a cluster, which would
+//    share it too: a kernel launched in clusters keeps its shared data in dynamic shared memory).
+//    Dynamic shared memory is refilled with 0xFF bytes before every block, so reading what no
+//    thread wrote gives NaN. The blocks of a cluster (launch_cluster) run together.
 #pragma once
 
 #if !defined(DSV4_SIM)
@@ -137,6 +139,16 @@ void mbarrier_arrive(std::uint64_t* bar, unsigned tx_bytes, const Location& loc)
 void bulk_copy_to_shared(void* smem, const void* gmem, unsigned bytes, std::uint64_t* bar, const Location& loc);
 void mbarrier_wait(std::uint64_t* bar, unsigned parity, const Location& loc);
 unsigned char* dynamic_smem();
+// Thread block clusters: the blocks of a cluster run together (their threads interleave), each
+// with its own dynamic shared memory. cluster_map gives the address at the same offset in block
+// `rank`'s dynamic shared memory (the pointer must be into the caller's); mbarrier_arrive_remote
+// arrives on the barrier at that offset in block `rank`. cluster_sync waits until every thread of
+// the cluster that has not exited waits at it.
+unsigned cluster_rank(const Location& loc);
+unsigned cluster_blocks(const Location& loc);
+void cluster_sync(const Location& loc);
+void* cluster_map(const void* smem, unsigned rank, const Location& loc);
+void mbarrier_arrive_remote(std::uint64_t* bar, unsigned rank, const Location& loc);
 // wgmma bookkeeping (device.h's models compute the products at issue): the operands a warpgroup's
 // product names -- the 128-byte core matrices of its descriptors, `rows` 8-row groups of B (N / 8)
 // and two K groups each -- must stay unchanged from the first thread's issue to the last thread's
@@ -176,6 +188,7 @@ struct LaunchRequest {
   std::size_t smem_bytes;
   void (*body)(void*);  // runs the kernel for the current simulated thread
   void* context;
+  unsigned cluster = 1;  // blocks per cluster, along x (1 to 8, dividing grid.x)
 };
 // Runs the whole grid before returning. Throws dsv4::Error for an invalid launch (as the real
 // launch would), and reports kernel bugs per the error mode.
