@@ -320,7 +320,8 @@ double flashmla_decode_us(const std::string& name, std::int64_t batch) {
   return 0.0;
 }
 
-void bench_decode(const std::vector<std::int64_t>& batches, int reps, int forced_splits, std::int64_t top_k, const Ceilings& c) {
+void bench_decode(const std::vector<std::int64_t>& batches, int reps, int forced_splits, std::int64_t top_k,
+                  const Ceilings& c) {
   AttentionCase cases[] = {{"V4-Flash CSA", 64, 4, 512}, {"V4-Pro CSA", 128, 4, 1024}, {"V4-Flash HCA", 64, 128, 0}};
   if (top_k > 0) {
     cases[0].top_k = top_k;

@@ -567,12 +567,13 @@ namespace dsv4::gpu {
 inline constexpr bool kSimulated = true;
 
 // Runs the whole grid on the simulator before returning (the stream is ignored: everything is
-// synchronous). The arguments are converted to the kernel's parameter types once, as CUDA copies
-// them into parameter space; every simulated thread gets its own copy.
+// synchronous), the blocks of a cluster together. The arguments are converted to the kernel's
+// parameter types once, as CUDA copies them into parameter space; every simulated thread gets its
+// own copy.
 template <class... P, class... A>
 void launch_cluster(void (*kernel)(P...), dim3 grid, dim3 block, std::size_t smem_bytes, unsigned cluster,
                     gpu_stream_t stream, A&&... args) {
-  static_assert(sizeof...(P) == sizeof...(A), "gpu::launch: wrong number of kernel arguments");
+  static_assert(sizeof...(P) == sizeof...(A), "gpu::launch_cluster: wrong number of kernel arguments");
   (void)stream;
   using Params = std::tuple<std::decay_t<P>...>;
   Params params(std::forward<A>(args)...);

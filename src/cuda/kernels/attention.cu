@@ -674,7 +674,8 @@ void sparse_attention(const AttentionArgs& args, gpu_stream_t stream) {
   if (args.splits > kMaxSplits) launch_error("sparse_attention: {} splits (at most {})", {args.splits, kMaxSplits});
   if (args.splits > 1 && args.splits * args.capacity > kMaxSplitTokens)
     launch_error("sparse_attention: {} splits x {} tokens exceed the partial buffers", {args.splits, args.capacity});
-  const dim3 grid(static_cast<unsigned>(args.capacity * ((args.heads + kHeads - 1) / kHeads)), 1, static_cast<unsigned>(args.splits));
+  const unsigned groups = static_cast<unsigned>((args.heads + kHeads - 1) / kHeads);
+  const dim3 grid(static_cast<unsigned>(args.capacity) * groups, 1, static_cast<unsigned>(args.splits));
   static const bool smem_set = (set_max_dynamic_smem(attention_kernel, kSmemBytes), true);
   (void)smem_set;
   launch(attention_kernel, grid, dim3(kThreads), kSmemBytes, stream, args);
