@@ -60,8 +60,9 @@ Engine::Engine(Executor& executor, std::unique_ptr<Executor>&& owned, EngineConf
   scheduler_ = std::make_unique<Scheduler>(SchedulerConfig{config_.max_num_seqs, config_.max_num_batched_tokens}, *kv_);
   executor_.allocate(pages, StepLimits{config_.max_num_batched_tokens, config_.max_num_seqs, config_.max_model_len});
   seed_base_ = (static_cast<std::uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
-  const int threads = config_.sampling_threads > 0 ? config_.sampling_threads
-                                                   : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
+  const int threads = config_.sampling_threads > 0
+                          ? config_.sampling_threads
+                          : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, 8);
   if (threads > 1) sample_pool_ = std::make_unique<ThreadPool>(threads);
 }
 
@@ -224,7 +225,8 @@ std::vector<RequestOutput> Engine::step() {
       parallel_for(sample_pool_.get(), 0, static_cast<std::int64_t>(tokens.size()), [&](std::int64_t i) {
         thread_local Sampler sampler;  // scratch only: the token is a function of the row and request
         const Request& r = *step.sampling[static_cast<std::size_t>(i)];
-        const std::span<const float> row = logits.subspan(static_cast<std::size_t>(i) * static_cast<std::size_t>(vocab), static_cast<std::size_t>(vocab));
+        const std::span<const float> row = logits.subspan(static_cast<std::size_t>(i) * static_cast<std::size_t>(vocab),
+                                                          static_cast<std::size_t>(vocab));
         tokens[static_cast<std::size_t>(i)] = sampler.sample(row, r.params, r.seed, r.num_output_tokens());
       });
       for (std::size_t i = 0; i < step.sampling.size(); ++i) {

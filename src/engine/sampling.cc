@@ -132,10 +132,12 @@ std::int32_t Sampler::sample_random(std::span<const float> logits, const Samplin
     const double need = params.top_p * total;
     double mass = 0;
     int last = 0;
-    while (last < kBuckets - 1 && mass + bucket_mass_[static_cast<std::size_t>(last)] < need) mass += bucket_mass_[static_cast<std::size_t>(last++)];
+    while (last < kBuckets - 1 && mass + bucket_mass_[static_cast<std::size_t>(last)] < need)
+      mass += bucket_mass_[static_cast<std::size_t>(last++)];
     last = std::min(kBuckets - 1, last + 1);
     // Those tokens first (a bucket holds a range of logits, so they are the best `top`), sorted.
-    const auto split = std::partition(candidates_.begin(), candidates_.end(), [&](const Candidate& c) { return bucket(c.logit) <= last; });
+    const auto split = std::partition(candidates_.begin(), candidates_.end(),
+                                      [&](const Candidate& c) { return bucket(c.logit) <= last; });
     const auto top = static_cast<std::size_t>(split - candidates_.begin());
     std::sort(candidates_.begin(), split, order);
     weights_.resize(top);
@@ -150,7 +152,8 @@ std::int32_t Sampler::sample_random(std::span<const float> logits, const Samplin
     std::size_t n = 0;
     while (n < kept) {
       if (n == sorted) {
-        std::sort(candidates_.begin() + static_cast<std::ptrdiff_t>(sorted), candidates_.begin() + static_cast<std::ptrdiff_t>(kept), order);
+        std::sort(candidates_.begin() + static_cast<std::ptrdiff_t>(sorted),
+                  candidates_.begin() + static_cast<std::ptrdiff_t>(kept), order);
         weights_.resize(kept);
         for (std::size_t i = sorted; i < kept; ++i) weights_[i] = weight(candidates_[i]);
         sorted = kept;

@@ -53,7 +53,8 @@ class Executor {
   // The same, copied into `logits`, which must hold exactly that many values.
   void collect(std::span<float> logits) {
     const std::span<const float> got = collect_logits();
-    if (got.size() != logits.size()) fail("executor: logits buffer holds {} values, the step has {}", logits.size(), got.size());
+    if (got.size() != logits.size())
+      fail("executor: logits buffer holds {} values, the step has {}", logits.size(), got.size());
     std::copy(got.begin(), got.end(), logits.begin());
   }
   std::span<const float> execute(const StepPlan& plan) {

@@ -161,7 +161,8 @@ std::int32_t nucleus_reference(const std::vector<float>& logits, double temperat
   std::vector<std::int32_t> ids(logits.size());
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<std::int32_t>(i);
   auto at = [&](std::int32_t id) { return logits[static_cast<std::size_t>(id)]; };
-  std::sort(ids.begin(), ids.end(), [&](std::int32_t a, std::int32_t b) { return at(a) != at(b) ? at(a) > at(b) : a < b; });
+  std::sort(ids.begin(), ids.end(),
+            [&](std::int32_t a, std::int32_t b) { return at(a) != at(b) ? at(a) > at(b) : a < b; });
   const double m = at(ids[0]), inv_t = 1.0 / temperature;
   auto weight = [&](std::int32_t id) { return std::exp((at(id) - m) * inv_t); };
   double total = 0;
@@ -198,7 +199,8 @@ TEST(Sampling, TopPMatchesTheFullSort) {
       params.top_p = top_p;
       for (std::uint64_t seed = 0; seed < 8; ++seed) {
         const std::int32_t got = sampler.sample(logits, params, seed, 5).token;
-        EXPECT_EQ(got, nucleus_reference(logits, 0.7, top_p, uniform_draw(seed, 5))) << "spread " << spread << " top_p " << top_p << " seed " << seed;
+        EXPECT_EQ(got, nucleus_reference(logits, 0.7, top_p, uniform_draw(seed, 5)))
+            << "spread " << spread << " top_p " << top_p << " seed " << seed;
         ++compared;
       }
     }

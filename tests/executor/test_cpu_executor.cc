@@ -60,7 +60,8 @@ class TinyModel : public ::testing::Test {
       for (std::int64_t t = 0; t < n; ++t) plan.logits_tokens.push_back(static_cast<std::int32_t>(t));
       plan.page_changes = cache.take_page_changes();
       finish_step_plan(plan, spec);
-      const std::span<float> mine = std::span<float>(logits).subspan(done * static_cast<std::size_t>(V), static_cast<std::size_t>(n * V));
+      const std::span<float> mine =
+          std::span<float>(logits).subspan(done * static_cast<std::size_t>(V), static_cast<std::size_t>(n * V));
       if (step_index++ % 2 == 0) {
         exec.execute(plan, mine);
       } else {
