@@ -681,9 +681,10 @@ TEST(GpuOpsCache, SparseAttention) {
   const std::int32_t top_k = sim() ? 40 : 512;
   std::vector<AttnCase> cases;
   if (sim()) {
-    cases = {{0, KvCacheDtype::kFp8, 64, 1},   {0, KvCacheDtype::kBf16, 4, 0},   {128, KvCacheDtype::kFp8, 64, 0},
-             {128, KvCacheDtype::kBf16, 128, 1}, {4, KvCacheDtype::kFp8, 128, 5}, {4, KvCacheDtype::kBf16, 64, 3},
-             {4, KvCacheDtype::kFp8, 4, 1},     {4, KvCacheDtype::kFp8, 64, 1, 24}};
+    cases = {{0, KvCacheDtype::kFp8, 64, 1},     {0, KvCacheDtype::kBf16, 4, 0},     {128, KvCacheDtype::kFp8, 64, 0},
+             {128, KvCacheDtype::kBf16, 128, 1}, {4, KvCacheDtype::kFp8, 128, 5},    {4, KvCacheDtype::kBf16, 64, 3},
+             {4, KvCacheDtype::kFp8, 4, 1},      {4, KvCacheDtype::kFp8, 64, 1, 24}, {4, KvCacheDtype::kFp8, 128, 1},
+             {128, KvCacheDtype::kFp8, 128, 2}};
   } else {
     // Every ratio, cache dtype and head count (4: a CTA's 64 rows mostly padding; 128: two head
     // groups); splits 1, the heuristic's choice and a forced 3.
@@ -697,6 +698,9 @@ TEST(GpuOpsCache, SparseAttention) {
     // Keys whose block scales leave the dequantization's power-of-two range (its fp32 path).
     cases.push_back({4, KvCacheDtype::kFp8, 64, 1, 24});
     cases.push_back({128, KvCacheDtype::kFp8, 128, 0, 24});
+    // Two head groups crossing over, each producer with many chunks (one split) or a few (three).
+    cases.push_back({4, KvCacheDtype::kFp8, 128, 1});
+    cases.push_back({4, KvCacheDtype::kFp8, 128, 3});
   }
   for (KvCacheDtype kv : {KvCacheDtype::kFp8, KvCacheDtype::kBf16}) {
     CacheHarness hz(kv, IndexerCacheDtype::kFp4, 4, sim() ? 400 : 2400);
