@@ -7,6 +7,7 @@
 //                       [--top-k-segments S] [--ctas-per-token C]   (indexer launch overrides; 0: auto)
 //                       [--splits S]   (decode attention's split count; 0: attention_splits' choice)
 //                       [--top-k K]    (decode: the CSA cases' top-k instead of 512 / 1024; no FlashMLA figure)
+//                       [--rotate 0]   (decode: one cache copy, no rotation through more than L2 holds)
 //
 // decode   s_q = 2 query tokens per sequence (a token and its MTP draft) at the end of a 16K
 //          context, FP8 main-KV cache (584-byte entries) read through block tables:
@@ -321,7 +322,7 @@ double flashmla_decode_us(const std::string& name, std::int64_t batch) {
 }
 
 void bench_decode(const std::vector<std::int64_t>& batches, int reps, int forced_splits, std::int64_t top_k,
-                  const Ceilings& c) {
+                  bool rotate, const Ceilings& c) {
   AttentionCase cases[] = {{"V4-Flash CSA", 64, 4, 512}, {"V4-Pro CSA", 128, 4, 1024}, {"V4-Flash HCA", 64, 128, 0}};
   if (top_k > 0) {
     cases[0].top_k = top_k;
@@ -335,7 +336,7 @@ void bench_decode(const std::vector<std::int64_t>& batches, int reps, int forced
     for (std::int64_t b : batches) {
       double flops = 0, bytes = 0;
       int copies = 0, splits = 0;
-      const double us = run_attention(ac, b, 2, 16384, reps, true, forced_splits, &flops, &bytes, &copies, &splits);
+      const double us = run_attention(ac, b, 2, 16384, reps, rotate, forced_splits, &flops, &bytes, &copies, &splits);
       const double ref = top_k > 0 && ac.ratio == 4 ? 0.0 : flashmla_decode_us(ac.name, b);
       const double tf = flops / (us * 1e-6) / 1e12, gbs = bytes / (us * 1e-6) / 1e9;
       fmt::print("| {} | {} | {} | {} | {:.1f} | {} | {} | {:.0f} | {:.0f}% | {:.0f} | {:.0f}% |\n", ac.name, b, splits, copies, us,
@@ -478,6 +479,7 @@ int run(int argc, char** argv) {
   IndexerKnobs knobs;
   int splits = 0;
   std::int64_t top_k = 0;
+  bool rotate = true;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string key = argv[i], value = argv[i + 1];
     if (key == "--batches")
@@ -494,6 +496,8 @@ int run(int argc, char** argv) {
       top_k = std::clamp<std::int64_t>(std::atoll(value.c_str()), 0, 4096);
     else if (key == "--splits")
       splits = std::clamp(std::atoi(value.c_str()), 0, 32);
+    else if (key == "--rotate")
+      rotate = value != "0";
     else
       throw Error(fmt::format("unknown option {}", key));
   }
@@ -512,7 +516,7 @@ int run(int argc, char** argv) {
   fmt::print("device: {} ({} SMs, L2 {} MB)\nHBM bandwidth (4 GiB copy, read + write): {:.2f} TB/s\n", info.name, info.sm_count,
              info.l2_bytes >> 20, c.bw / 1e12);
   fmt::print("mma.sync peak: bf16 {:.0f} TFLOP/s\n\n", c.bf16);
-  if (wanted("decode")) bench_decode(batches, reps, splits, top_k, c);
+  if (wanted("decode")) bench_decode(batches, reps, splits, top_k, rotate, c);
   if (wanted("prefill")) bench_prefill(std::min(reps, 20), c);
   if (wanted("indexer")) bench_indexer(reps, c, knobs);
   return 0;

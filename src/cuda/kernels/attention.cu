@@ -177,7 +177,8 @@ __device__ __forceinline__ void finish_pair(float v0, float v1, int d, const flo
 // dequantizes only the chunks n = r, r + 2, ... of the split -- always into key tile r -- and
 // writes each into its own CTA's tile and the peer's (distributed shared memory), arriving on both
 // CTAs' "full" barriers; a tile's "empty" barrier lives in the CTA of its producer and counts the
-// consumers of both CTAs. Each producer then has two chunks' time for one chunk.
+// consumers of both CTAs. Each producer then has two chunks' time for one chunk. (A split of one
+// chunk is shared by halves: each producer converts the keys of its threads' key 0 or key 1.)
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a) {
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
   std::uint8_t* qs = smem;                          // [64 heads][512] tile
@@ -203,14 +204,6 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   // Crossover partners (1: alone). The cluster is the token's head groups (sparse_attention).
   const unsigned ranks = cluster_blocks(), rank = ranks > 1 ? cluster_rank() : 0u;
 
-  if (tid == 0) {
-    groups_s[0] = st.groups[a.window_group];
-    groups_s[1] = st.groups[a.compressed_group];
-    for (int b = 0; b < 2; ++b) {
-      mbarrier_init(&full[b], kProducers);
-      mbarrier_init(&empty[b], kConsumers * ranks);
-    }
-  }
   KeyLookup look;
   look.win_group = &groups_s[0];
   look.comp_group = &groups_s[1];
@@ -226,6 +219,17 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   const int chunks = (look.keys.n_keys + kKeys - 1) / kKeys;
   const int per_split = (chunks + a.splits - 1) / a.splits;
   const int c_begin = min(chunks, split * per_split), c_end = min(chunks, c_begin + per_split);
+  // Crossing over a split of one chunk, the producers take halves of it instead: rank r dequantizes
+  // the keys k = r of its threads (see the producer) into both CTAs' tile 0.
+  const bool halves = ranks > 1 && c_end - c_begin == 1;
+  if (tid == 0) {
+    groups_s[0] = st.groups[a.window_group];
+    groups_s[1] = st.groups[a.compressed_group];
+    for (int b = 0; b < 2; ++b) {
+      mbarrier_init(&full[b], halves ? 2 * kProducers : kProducers);
+      mbarrier_init(&empty[b], kConsumers * ranks);
+    }
+  }
   // Copies of absent heads or keys read nothing (zero fill) but still name a global address.
   const std::uint8_t* nowhere = reinterpret_cast<const std::uint8_t*>(a.q);
   // groups_s, the mbarriers (the peer's too: nothing remote happens before); from here on the roles
@@ -255,7 +259,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     std::int32_t idx[2] = {-1, -1}, blk_index[2] = {-1, -1}, blk[2] = {-1, -1}, next_pg[2] = {-1, -1},
                  next_pg_index[2] = {-1, -1}, pg[2] = {-1, -1}, pg_index[2] = {-1, -1};
     // The producer's chunks: the split's chunks c_begin + rank, + ranks, ... (j = 0, 1, ...).
-    const int first = c_begin + static_cast<int>(rank), stride = static_cast<int>(ranks);
+    const int first = c_begin + (halves ? 0 : static_cast<int>(rank)), stride = halves ? 1 : static_cast<int>(ranks);
+    const bool do_key0 = !halves || rank == 0, do_key1 = !halves || rank == 1;  // the thread's keys 0 and 1
     auto chunk_of = [&](int j) { return first + stride * j; };
     auto mine = [&](int j) { return j >= 0 && chunk_of(j) < c_end; };
     // Address step of the producer's chunk j: its chunk j + 1 takes its pages, j + 2 is paged,
@@ -307,7 +312,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       auto stage_key0 = [&](int c) {
         const std::uint8_t* data;
         const std::uint8_t* scales;
-        const bool ok = entry_of(c, 0, data, scales);
+        const bool ok = entry_of(c, 0, data, scales) && do_key0;
         DSV4_UNROLL
         for (int q = 0; q < kStageUnits; ++q) cp_async_16_zfill(my_stage + q * 16, ok ? data + unit_offset(q) : nowhere, ok);
         const std::uint8_t* scale16 = reinterpret_cast<const std::uint8_t*>(reinterpret_cast<std::uintptr_t>(scales) & ~std::uintptr_t{15});
@@ -369,7 +374,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
         // key 1's loads, it waited for them (loads share scoreboards), and so did the stage.
         const std::uint8_t* data1;
         const std::uint8_t* scales1;
-        const bool ok1 = entry_of(c, 1, data1, scales1);
+        const bool ok1 = entry_of(c, 1, data1, scales1) && do_key1;
         address_step(j);  // pg: the next chunk's pages
         uint4 v1[kStageUnits];
         DSV4_UNROLL
@@ -382,7 +387,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
             mbarrier_wait(&empty[b], ((n >> 1) & 1) ^ 1);
         }
         cp_async_wait_all();  // key 0's stage (this thread's own copies)
-        {
+        if (do_key0) {
           uint4 v0[kStageUnits];
           DSV4_UNROLL
           for (int q = 0; q < kStageUnits; ++q) v0[q] = *reinterpret_cast<const uint4*>(my_stage + q * 16);
@@ -390,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
           dequantize_key(v0, sc0, tile, peer, lane_key);
         }
         if (mine(j + 1)) scale_offset = stage_key0(chunk_of(j + 1));  // (its slots were read above)
-        dequantize_key(v1, sc1, tile, peer, lane_key + 32);
+        if (do_key1) dequantize_key(v1, sc1, tile, peer, lane_key + 32);
         // The tile, written by threads, is read by the products (both CTAs' when crossing over).
         if (ranks > 1) {
           fence_proxy_async_shared_cluster();
