@@ -677,6 +677,19 @@ TEST(GpuOpsCache, AttentionSplitsMinimizeWavesTimesChunks) {
   EXPECT_EQ(gpu::attention_splits(0, 64, 640, 132), 1);
 }
 
+// Crossing over: two head groups, an FP8 cache, two chunks a split or more (or keys not known).
+TEST(GpuOpsCache, AttentionCrossesOverWithTwoChunksASplit) {
+  EXPECT_TRUE(gpu::attention_crosses_over(128, true, 1152, 1));
+  EXPECT_TRUE(gpu::attention_crosses_over(128, true, 1152, 9));    // 18 chunks: 2 a split
+  EXPECT_FALSE(gpu::attention_crosses_over(128, true, 1152, 18));  // 1 a split
+  EXPECT_FALSE(gpu::attention_crosses_over(128, true, 64, 1));     // one chunk
+  EXPECT_TRUE(gpu::attention_crosses_over(128, true, 65, 1));
+  EXPECT_TRUE(gpu::attention_crosses_over(100, true, 0, 32));      // keys not known
+  EXPECT_FALSE(gpu::attention_crosses_over(128, false, 1152, 1));  // bf16 cache
+  EXPECT_FALSE(gpu::attention_crosses_over(64, true, 1152, 1));    // one head group
+  EXPECT_FALSE(gpu::attention_crosses_over(192, true, 1152, 1));   // three
+}
+
 TEST(GpuOpsCache, SparseAttention) {
   const std::int32_t top_k = sim() ? 40 : 512;
   std::vector<AttnCase> cases;
@@ -793,6 +806,7 @@ TEST(GpuOpsCache, SparseAttention) {
       a.heads = static_cast<std::int32_t>(H);
       a.sink = dsink.get();
       a.scale = scale;
+      a.max_keys = static_cast<std::int32_t>(max_keys);
       a.window = static_cast<std::int32_t>(window);
       a.window_group = wg;
       a.window_layer_slot = wslot;

@@ -177,8 +177,10 @@ __device__ __forceinline__ void finish_pair(float v0, float v1, int d, const flo
 // dequantizes only the chunks n = r, r + 2, ... of the split -- always into key tile r -- and
 // writes each into its own CTA's tile and the peer's (distributed shared memory), arriving on both
 // CTAs' "full" barriers; a tile's "empty" barrier lives in the CTA of its producer and counts the
-// consumers of both CTAs. Each producer then has two chunks' time for one chunk. (A split of one
-// chunk is shared by halves: each producer converts the keys of its threads' key 0 or key 1.)
+// consumers of both CTAs. Each producer then has two chunks' time for one chunk.
+// kCross: launched in clusters of the token's two head groups, crossing over (a template
+// parameter, so the kernel of one head group carries none of it).
+template <bool kCross>
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a) {
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
   std::uint8_t* qs = smem;                          // [64 heads][512] tile
@@ -202,8 +204,17 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   const int tid = threadIdx.x;
   const int row = st.token_row[t];
   // Crossover partners (1: alone). The cluster is the token's head groups (sparse_attention).
-  const unsigned ranks = cluster_blocks(), rank = ranks > 1 ? cluster_rank() : 0u;
+  constexpr unsigned ranks = kCross ? 2u : 1u;
+  const unsigned rank = kCross ? cluster_rank() : 0u;
 
+  if (tid == 0) {
+    groups_s[0] = st.groups[a.window_group];
+    groups_s[1] = st.groups[a.compressed_group];
+    for (int b = 0; b < 2; ++b) {
+      mbarrier_init(&full[b], kProducers);
+      mbarrier_init(&empty[b], kConsumers * ranks);
+    }
+  }
   KeyLookup look;
   look.win_group = &groups_s[0];
   look.comp_group = &groups_s[1];
@@ -219,17 +230,6 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   const int chunks = (look.keys.n_keys + kKeys - 1) / kKeys;
   const int per_split = (chunks + a.splits - 1) / a.splits;
   const int c_begin = min(chunks, split * per_split), c_end = min(chunks, c_begin + per_split);
-  // Crossing over a split of one chunk, the producers take halves of it instead: rank r dequantizes
-  // the keys k = r of its threads (see the producer) into both CTAs' tile 0.
-  const bool halves = ranks > 1 && c_end - c_begin == 1;
-  if (tid == 0) {
-    groups_s[0] = st.groups[a.window_group];
-    groups_s[1] = st.groups[a.compressed_group];
-    for (int b = 0; b < 2; ++b) {
-      mbarrier_init(&full[b], halves ? 2 * kProducers : kProducers);
-      mbarrier_init(&empty[b], kConsumers * ranks);
-    }
-  }
   // Copies of absent heads or keys read nothing (zero fill) but still name a global address.
   const std::uint8_t* nowhere = reinterpret_cast<const std::uint8_t*>(a.q);
   // groups_s, the mbarriers (the peer's too: nothing remote happens before); from here on the roles
@@ -259,8 +259,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     std::int32_t idx[2] = {-1, -1}, blk_index[2] = {-1, -1}, blk[2] = {-1, -1}, next_pg[2] = {-1, -1},
                  next_pg_index[2] = {-1, -1}, pg[2] = {-1, -1}, pg_index[2] = {-1, -1};
     // The producer's chunks: the split's chunks c_begin + rank, + ranks, ... (j = 0, 1, ...).
-    const int first = c_begin + (halves ? 0 : static_cast<int>(rank)), stride = halves ? 1 : static_cast<int>(ranks);
-    const bool do_key0 = !halves || rank == 0, do_key1 = !halves || rank == 1;  // the thread's keys 0 and 1
+    const int first = c_begin + static_cast<int>(rank), stride = static_cast<int>(ranks);
     auto chunk_of = [&](int j) { return first + stride * j; };
     auto mine = [&](int j) { return j >= 0 && chunk_of(j) < c_end; };
     // Address step of the producer's chunk j: its chunk j + 1 takes its pages, j + 2 is paged,
@@ -312,7 +311,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       auto stage_key0 = [&](int c) {
         const std::uint8_t* data;
         const std::uint8_t* scales;
-        const bool ok = entry_of(c, 0, data, scales) && do_key0;
+        const bool ok = entry_of(c, 0, data, scales);
         DSV4_UNROLL
         for (int q = 0; q < kStageUnits; ++q) cp_async_16_zfill(my_stage + q * 16, ok ? data + unit_offset(q) : nowhere, ok);
         const std::uint8_t* scale16 = reinterpret_cast<const std::uint8_t*>(reinterpret_cast<std::uintptr_t>(scales) & ~std::uintptr_t{15});
@@ -374,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
         // key 1's loads, it waited for them (loads share scoreboards), and so did the stage.
         const std::uint8_t* data1;
         const std::uint8_t* scales1;
-        const bool ok1 = entry_of(c, 1, data1, scales1) && do_key1;
+        const bool ok1 = entry_of(c, 1, data1, scales1);
         address_step(j);  // pg: the next chunk's pages
         uint4 v1[kStageUnits];
         DSV4_UNROLL
@@ -387,7 +386,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
             mbarrier_wait(&empty[b], ((n >> 1) & 1) ^ 1);
         }
         cp_async_wait_all();  // key 0's stage (this thread's own copies)
-        if (do_key0) {
+        {
           uint4 v0[kStageUnits];
           DSV4_UNROLL
           for (int q = 0; q < kStageUnits; ++q) v0[q] = *reinterpret_cast<const uint4*>(my_stage + q * 16);
@@ -395,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
           dequantize_key(v0, sc0, tile, peer, lane_key);
         }
         if (mine(j + 1)) scale_offset = stage_key0(chunk_of(j + 1));  // (its slots were read above)
-        if (do_key1) dequantize_key(v1, sc1, tile, peer, lane_key + 32);
+        dequantize_key(v1, sc1, tile, peer, lane_key + 32);
         // The tile, written by threads, is read by the products (both CTAs' when crossing over).
         if (ranks > 1) {
           fence_proxy_async_shared_cluster();
@@ -721,6 +720,13 @@ int attention_splits(std::int64_t tokens, std::int64_t heads, std::int64_t max_k
   return static_cast<int>(best);
 }
 
+bool attention_crosses_over(std::int64_t heads, bool kv_fp8, std::int64_t max_keys, int splits) {
+  if ((heads + kHeads - 1) / kHeads != 2 || !kv_fp8) return false;
+  if (max_keys <= 0) return true;
+  const std::int64_t chunks = (max_keys + kKeys - 1) / kKeys;
+  return (chunks + std::max(splits, 1) - 1) / std::max(splits, 1) >= 2;
+}
+
 void sparse_attention(const AttentionArgs& args, gpu_stream_t stream) {
   if (args.capacity <= 0) return;
   if (args.splits < 1 || (args.splits > 1 && (args.part_acc == nullptr || args.part_ml == nullptr)))
@@ -730,7 +736,9 @@ void sparse_attention(const AttentionArgs& args, gpu_stream_t stream) {
     launch_error("sparse_attention: {} splits x {} tokens exceed the partial buffers", {args.splits, args.capacity});
   const unsigned groups = static_cast<unsigned>((args.heads + kHeads - 1) / kHeads);
   const dim3 grid(static_cast<unsigned>(args.capacity) * groups, 1, static_cast<unsigned>(args.splits));
-  static const bool smem_set = (set_max_dynamic_smem(attention_kernel, kSmemBytes), true);
+  static const bool smem_set =
+      (set_max_dynamic_smem(attention_kernel<false>, kSmemBytes), set_max_dynamic_smem(attention_kernel<true>, kSmemBytes),
+       true);
   (void)smem_set;
   // Two head groups on an FP8 cache cross over (attention_kernel): a cluster of the token's two CTAs.
   // DSV4_ATTENTION_CROSSOVER=0 runs them apart (for measurements).
@@ -738,11 +746,12 @@ void sparse_attention(const AttentionArgs& args, gpu_stream_t stream) {
     const char* v = std::getenv("DSV4_ATTENTION_CROSSOVER");
     return v == nullptr || std::string_view(v) != "0";
   }();
-  const unsigned cluster = groups == 2 && args.kv_fp8 && crossover_on ? 2u : 1u;
+  const unsigned cluster =
+      crossover_on && attention_crosses_over(args.heads, args.kv_fp8, args.max_keys, args.splits) ? 2u : 1u;
   if (cluster > 1)
-    launch_cluster(attention_kernel, grid, dim3(kThreads), kSmemBytes, cluster, stream, args);
+    launch_cluster(attention_kernel<true>, grid, dim3(kThreads), kSmemBytes, cluster, stream, args);
   else
-    launch(attention_kernel, grid, dim3(kThreads), kSmemBytes, stream, args);
+    launch(attention_kernel<false>, grid, dim3(kThreads), kSmemBytes, stream, args);
   if (args.splits > 1) {
     launch_dependent(combine_kernel, dim3(static_cast<unsigned>(args.capacity), static_cast<unsigned>(args.heads)),
                      dim3(kDim / 4), 0, stream, args);
