@@ -294,7 +294,6 @@ double run_attention(const AttentionCase& ac, std::int64_t seqs, std::int64_t s_
   a.splits = forced_splits > 0 ? static_cast<int>(std::min<std::int64_t>(forced_splits, std::max<std::int64_t>(1, 256 / T)))
                                : gpu::attention_splits(T, H, max_keys, info.sm_count);
   *splits_out = a.splits;
-  a.max_keys = static_cast<std::int32_t>(max_keys);
   DeviceBuffer part_acc, part_ml;
   if (a.splits > 1) {
     part_acc = DeviceBuffer(static_cast<std::size_t>(a.splits * T * H * kDim * 4));

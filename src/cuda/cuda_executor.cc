@@ -804,7 +804,6 @@ void CudaExecutor::attention_layer(const DeviceStep* step, std::int32_t cap, con
   at.out = s.o;
   const std::int64_t max_keys = c.sliding_window + (r == 4 ? c.index_topk : r == 128 ? limits_.max_context / 128 : 0);
   at.splits = attention_splits(cap, H, max_keys, device_.sm_count);
-  at.max_keys = static_cast<std::int32_t>(max_keys);
   if (options_.max_attention_splits > 0) at.splits = std::min(at.splits, options_.max_attention_splits);
   at.part_acc = s.part_acc;
   at.part_ml = s.part_ml;

@@ -32,7 +32,7 @@
 // mbarrier_arrive_expect_tx, bulk_copy_to_shared, mbarrier_wait), thread block clusters
 // (launch_cluster, cluster_rank, cluster_blocks, cluster_sync, cluster_map, mbarrier_arrive_remote,
 // mbarrier_wait_cluster), and warpgroup mma (wgmma_descriptor,
-// fence_proxy_async_shared(_cluster), wgmma_fence, wgmma_m64n{32,64}k16_bf16, wgmma_m64n256k16_bf16_bt,
+// fence_proxy_async_shared, wgmma_fence, wgmma_m64n{32,64}k16_bf16, wgmma_m64n256k16_bf16_bt,
 // wgmma_m64n64k32_e4m3, wgmma_m64k16_f16_rs<N> (A from registers), wgmma_m64k16_f16<N>,
 // wgmma_commit, wgmma_wait, wgmma_fence_operands).
 #pragma once
@@ -368,10 +368,6 @@ __device__ __forceinline__ std::uint64_t wgmma_descriptor(const void* smem, unsi
 }
 // Shared-memory writes of this thread made visible to the asynchronous proxy (wgmma, bulk copies).
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// The same for this thread's writes to any block of its cluster (through cluster_map).
-__device__ __forceinline__ void fence_proxy_async_shared_cluster() {
-  asm volatile("fence.proxy.async.shared::cluster;\n" ::: "memory");
-}
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -708,7 +704,6 @@ inline std::uint64_t wgmma_descriptor(const void* smem, unsigned lbo_bytes, unsi
          (static_cast<std::uint64_t>((sbo_bytes >> 4) & 0x3FFFu) << 32);
 }
 inline void fence_proxy_async_shared() {}
-inline void fence_proxy_async_shared_cluster() {}
 inline void wgmma_fence() {}
 inline void wgmma_commit() { sim::wgmma_commit(); }
 template <int N>

@@ -677,19 +677,6 @@ TEST(GpuOpsCache, AttentionSplitsMinimizeWavesTimesChunks) {
   EXPECT_EQ(gpu::attention_splits(0, 64, 640, 132), 1);
 }
 
-// Crossing over: two head groups, an FP8 cache, two chunks a split or more (or keys not known).
-TEST(GpuOpsCache, AttentionCrossesOverWithTwoChunksASplit) {
-  EXPECT_TRUE(gpu::attention_crosses_over(128, true, 1152, 1));
-  EXPECT_TRUE(gpu::attention_crosses_over(128, true, 1152, 9));    // 18 chunks: 2 a split
-  EXPECT_FALSE(gpu::attention_crosses_over(128, true, 1152, 18));  // 1 a split
-  EXPECT_FALSE(gpu::attention_crosses_over(128, true, 64, 1));     // one chunk
-  EXPECT_TRUE(gpu::attention_crosses_over(128, true, 65, 1));
-  EXPECT_TRUE(gpu::attention_crosses_over(100, true, 0, 32));      // keys not known
-  EXPECT_FALSE(gpu::attention_crosses_over(128, false, 1152, 1));  // bf16 cache
-  EXPECT_FALSE(gpu::attention_crosses_over(64, true, 1152, 1));    // one head group
-  EXPECT_FALSE(gpu::attention_crosses_over(192, true, 1152, 1));   // three
-}
-
 TEST(GpuOpsCache, SparseAttention) {
   const std::int32_t top_k = sim() ? 40 : 512;
   std::vector<AttnCase> cases;
@@ -711,7 +698,7 @@ TEST(GpuOpsCache, SparseAttention) {
     // Keys whose block scales leave the dequantization's power-of-two range (its fp32 path).
     cases.push_back({4, KvCacheDtype::kFp8, 64, 1, 24});
     cases.push_back({128, KvCacheDtype::kFp8, 128, 0, 24});
-    // Two head groups crossing over, each producer with many chunks (one split) or a few (three).
+    // Two head groups of V4-Pro's width with one split (many chunks a CTA) and three.
     cases.push_back({4, KvCacheDtype::kFp8, 128, 1});
     cases.push_back({4, KvCacheDtype::kFp8, 128, 3});
   }
@@ -806,7 +793,6 @@ TEST(GpuOpsCache, SparseAttention) {
       a.heads = static_cast<std::int32_t>(H);
       a.sink = dsink.get();
       a.scale = scale;
-      a.max_keys = static_cast<std::int32_t>(max_keys);
       a.window = static_cast<std::int32_t>(window);
       a.window_group = wg;
       a.window_layer_slot = wslot;

@@ -2,13 +2,11 @@
 #include "cuda/kernels/attention.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
 
+#include "cuda/kernels/launch_check.h"
 #include "cuda/device.h"
 #include "cuda/kernels/cache_access.cuh"
 #include "cuda/kernels/dependent_launch.cuh"
-#include "cuda/kernels/launch_check.h"
 #include "cuda/kernels/numerics.cuh"
 #include "numerics/exp_float.h"
 
@@ -172,15 +170,6 @@ __device__ __forceinline__ void finish_pair(float v0, float v1, int d, const flo
 //         tile is released to the producer
 // So the loads and dequantization of the next chunk run beside the products of this one. bf16
 // caches skip the dequantization: the producer copies their entries into the tile.
-// Crossover (FP8 caches, two head groups: a cluster of the token's two CTAs): the dequantization,
-// not the products, sets the pace, and both CTAs need the same bf16 keys. So the producer of rank r
-// dequantizes only the chunks n = r, r + 2, ... of the split -- always into key tile r -- and
-// writes each into its own CTA's tile and the peer's (distributed shared memory), arriving on both
-// CTAs' "full" barriers; a tile's "empty" barrier lives in the CTA of its producer and counts the
-// consumers of both CTAs. Each producer then has two chunks' time for one chunk.
-// kCross: launched in clusters of the token's two head groups, crossing over (a template
-// parameter, so the kernel of one head group carries none of it).
-template <bool kCross>
 __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a) {
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
   std::uint8_t* qs = smem;                          // [64 heads][512] tile
@@ -203,16 +192,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   const int hg = static_cast<int>(blockIdx.x) % groups, split = blockIdx.z;
   const int tid = threadIdx.x;
   const int row = st.token_row[t];
-  // Crossover partners (1: alone). The cluster is the token's head groups (sparse_attention).
-  constexpr unsigned ranks = kCross ? 2u : 1u;
-  const unsigned rank = kCross ? cluster_rank() : 0u;
 
   if (tid == 0) {
     groups_s[0] = st.groups[a.window_group];
     groups_s[1] = st.groups[a.compressed_group];
     for (int b = 0; b < 2; ++b) {
       mbarrier_init(&full[b], kProducers);
-      mbarrier_init(&empty[b], kConsumers * ranks);
+      mbarrier_init(&empty[b], kConsumers);
     }
   }
   KeyLookup look;
@@ -232,12 +218,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   const int c_begin = min(chunks, split * per_split), c_end = min(chunks, c_begin + per_split);
   // Copies of absent heads or keys read nothing (zero fill) but still name a global address.
   const std::uint8_t* nowhere = reinterpret_cast<const std::uint8_t*>(a.q);
-  // groups_s, the mbarriers (the peer's too: nothing remote happens before); from here on the roles
-  // never meet at __syncthreads, and the peers only at the final cluster_sync.
-  if (ranks > 1)
-    cluster_sync();
-  else
-    __syncthreads();
+  __syncthreads();  // groups_s, the mbarriers; from here on the roles never meet at __syncthreads
 
   if (tid >= kConsumers) {
     // ---- producer ----
@@ -258,29 +239,24 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     // (32-bit page ids: a page read is used one chunk later, so nothing may consume it at once.)
     std::int32_t idx[2] = {-1, -1}, blk_index[2] = {-1, -1}, blk[2] = {-1, -1}, next_pg[2] = {-1, -1},
                  next_pg_index[2] = {-1, -1}, pg[2] = {-1, -1}, pg_index[2] = {-1, -1};
-    // The producer's chunks: the split's chunks c_begin + rank, + ranks, ... (j = 0, 1, ...).
-    const int first = c_begin + static_cast<int>(rank), stride = static_cast<int>(ranks);
-    auto chunk_of = [&](int j) { return first + stride * j; };
-    auto mine = [&](int j) { return j >= 0 && chunk_of(j) < c_end; };
-    // Address step of the producer's chunk j: its chunk j + 1 takes its pages, j + 2 is paged,
-    // j + 3 blocked, j + 4 indexed.
-    auto address_step = [&](int j) {
+    // Address step of chunk c: chunk c + 1 takes its pages, c + 2 paged, c + 3 blocked, c + 4 indexed.
+    auto address_step = [&](int c) {
       DSV4_UNROLL
       for (int k = 0; k < 2; ++k) {
-        const int key = lane_key + 32 * k;
-        if (mine(j + 1)) {
+        const int i2 = (c + 2) * kKeys + lane_key + 32 * k, i3 = i2 + kKeys, i4 = i3 + kKeys;
+        if (c + 1 >= c_begin && c + 1 < c_end) {
           pg[k] = next_pg[k];
           pg_index[k] = next_pg_index[k];
         }
-        if (mine(j + 2)) {
-          next_pg[k] = look.page(chunk_of(j + 2) * kKeys + key, blk[k]);
+        if (c + 2 >= c_begin && c + 2 < c_end) {
+          next_pg[k] = look.page(i2, blk[k]);
           next_pg_index[k] = blk_index[k];
         }
-        if (mine(j + 3)) {
-          blk[k] = look.block(chunk_of(j + 3) * kKeys + key, idx[k]);
+        if (c + 3 >= c_begin && c + 3 < c_end) {
+          blk[k] = look.block(i3, idx[k]);
           blk_index[k] = idx[k];
         }
-        if (mine(j + 4)) idx[k] = look.index(chunk_of(j + 4) * kKeys + key);
+        if (c + 4 >= c_begin && c + 4 < c_end) idx[k] = look.index(i4);
       }
     };
     // Where the thread's key k of chunk c lives (pg / pg_index hold chunk c's pages): its data and
@@ -295,7 +271,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       scales = held ? base + static_cast<std::int64_t>(grp.entries_per_block) * grp.data_bytes + e * grp.scale_bytes : nowhere;
       return held;
     };
-    for (int j = -kAhead; j < 0; ++j) address_step(j);
+    for (int c = c_begin - kAhead; c < c_begin; ++c) address_step(c);
     if (a.kv_fp8) {
       // A thread's 16-byte units of a key: 7 fp8 (unit part + 4 q: dims 16 (part + 4 q) ..., scale
       // byte q), then 2 of rope (part, part + 4 of the 8).
@@ -321,13 +297,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
       };
       // Key `key` of the tile from its units and scale bytes: exact (fp8 code x power-of-two scale,
       // rope dims copied).
-      // Each 16-byte piece goes to the tile and, crossing over, to the peer's copy of it.
-      auto store_tile = [&](std::uint8_t* tile, std::uint8_t* peer, int offset, uint4 value) {
-        *reinterpret_cast<uint4*>(tile + offset) = value;
-        if (peer != nullptr) *reinterpret_cast<uint4*>(peer + offset) = value;
-      };
-      auto dequantize_key = [&](const uint4(&v)[kStageUnits], uint2 sc, std::uint8_t* tile, std::uint8_t* peer,
-                                int key) {
+      auto dequantize_key = [&](const uint4 (&v)[kStageUnits], uint2 sc, std::uint8_t* tile, int key) {
         // Scale exponents in [15, 142] (every real one) take the five-instruction conversion. (The
         // entry's 8th scale byte is padding: tested as 127.)
         const std::uint32_t lo = sc.x, hi = (sc.y & 0xffffffu) | 0x7f000000u;
@@ -343,8 +313,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
             o8[2 * j + 1] = pair(w[j] >> 16);
           }
           const int u = part + 4 * q;
-          store_tile(tile, peer, tile_offset(key, 16 * u), make_uint4(o8[0], o8[1], o8[2], o8[3]));
-          store_tile(tile, peer, tile_offset(key, 16 * u + 8), make_uint4(o8[4], o8[5], o8[6], o8[7]));
+          *reinterpret_cast<uint4*>(tile + tile_offset(key, 16 * u)) = make_uint4(o8[0], o8[1], o8[2], o8[3]);
+          *reinterpret_cast<uint4*>(tile + tile_offset(key, 16 * u + 8)) = make_uint4(o8[4], o8[5], o8[6], o8[7]);
         };
         auto scale_byte = [&](int q) { return (q < 4 ? lo >> (8 * q) : hi >> (8 * (q - 4))) & 0xffu; };
         if (fast) {
@@ -362,51 +332,38 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
         }
         DSV4_UNROLL
         for (int r = 0; r < kRopeUnits; ++r)  // 8 bf16 rope dims as stored
-          store_tile(tile, peer, tile_offset(key, kNope + 8 * (part + 4 * r)), v[kFp8Units + r]);
+          *reinterpret_cast<uint4*>(tile + tile_offset(key, kNope + 8 * (part + 4 * r))) = v[kFp8Units + r];
       };
-      int scale_offset = mine(0) ? stage_key0(chunk_of(0)) : 0;  // of key 0's 8 scale bytes in its 16
-      for (int j = 0; mine(j); ++j) {
-        const int c = chunk_of(j), n = c - c_begin, b = n & 1;
+      int scale_offset = c_begin < c_end ? stage_key0(c_begin) : 0;  // of key 0's 8 scale bytes in its 16
+      for (int c = c_begin; c < c_end; ++c) {
+        const int n = c - c_begin, b = n & 1;
         std::uint8_t* tile = ks + b * kKBytes;
-        std::uint8_t* peer = ranks > 1 ? cluster_map(tile, rank ^ 1u) : nullptr;
         // The address step first: it uses loads of the last step, which are complete. Issued after
         // key 1's loads, it waited for them (loads share scoreboards), and so did the stage.
         const std::uint8_t* data1;
         const std::uint8_t* scales1;
         const bool ok1 = entry_of(c, 1, data1, scales1);
-        address_step(j);  // pg: the next chunk's pages
+        address_step(c);  // pg: chunk c + 1's pages
         uint4 v1[kStageUnits];
         DSV4_UNROLL
         for (int q = 0; q < kStageUnits; ++q) v1[q] = load_global_v4_or_zero(data1 + unit_offset(q), ok1);
         const uint2 sc1 = load_global_v2_or_zero(scales1, ok1);
-        if (n >= 2) {  // chunk n - 2's tile released (crossing over: by both CTAs)
-          if (ranks > 1)
-            mbarrier_wait_cluster(&empty[b], ((n >> 1) & 1) ^ 1);
-          else
-            mbarrier_wait(&empty[b], ((n >> 1) & 1) ^ 1);
-        }
+        if (n >= 2) mbarrier_wait(&empty[b], ((n >> 1) & 1) ^ 1);  // chunk n - 2's tile released
         cp_async_wait_all();  // key 0's stage (this thread's own copies)
         {
           uint4 v0[kStageUnits];
           DSV4_UNROLL
           for (int q = 0; q < kStageUnits; ++q) v0[q] = *reinterpret_cast<const uint4*>(my_stage + q * 16);
           const uint2 sc0 = *reinterpret_cast<const uint2*>(my_scales + scale_offset);
-          dequantize_key(v0, sc0, tile, peer, lane_key);
+          dequantize_key(v0, sc0, tile, lane_key);
         }
-        if (mine(j + 1)) scale_offset = stage_key0(chunk_of(j + 1));  // (its slots were read above)
-        dequantize_key(v1, sc1, tile, peer, lane_key + 32);
-        // The tile, written by threads, is read by the products (both CTAs' when crossing over).
-        if (ranks > 1) {
-          fence_proxy_async_shared_cluster();
-          mbarrier_arrive(&full[b]);
-          mbarrier_arrive_remote(&full[b], rank ^ 1u);
-        } else {
-          fence_proxy_async_shared();
-          mbarrier_arrive(&full[b]);
-        }
+        if (c + 1 < c_end) scale_offset = stage_key0(c + 1);  // (its slots were read above)
+        dequantize_key(v1, sc1, tile, lane_key + 32);
+        fence_proxy_async_shared();  // the tile, written by threads, is read by the products
+        mbarrier_arrive(&full[b]);
       }
     } else {
-      // bf16 caches (never crossing over): the entries are copied into the tile as they are.
+      // bf16 caches: the entries are copied into the tile as they are.
       for (int c = c_begin; c < c_end; ++c) {
         const int n = c - c_begin, b = n & 1;
         std::uint8_t* tile = ks + b * kKBytes;
@@ -415,7 +372,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
         bool ok[2];
         DSV4_UNROLL
         for (int k = 0; k < 2; ++k) ok[k] = entry_of(c, k, data[k], scales[k]);
-        address_step(c - c_begin);
+        address_step(c);
         if (n >= 2) mbarrier_wait(&empty[b], ((n >> 1) & 1) ^ 1);
         DSV4_UNROLL
         for (int k = 0; k < 2; ++k)
@@ -426,7 +383,6 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
         mbarrier_arrive(&full[b]);
       }
     }
-    if (ranks > 1) cluster_sync();  // the peer may still read this CTA's barriers
     return;
   }
 
@@ -475,11 +431,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
   named_barrier_sync(kConsumerBarrier, kConsumers);
   for (int c = c_begin; c < c_end; ++c) {
     const int n = c - c_begin, b = n & 1;
-    // The producer's tile of this chunk (crossing over, maybe the peer's producer).
-    if (ranks > 1)
-      mbarrier_wait_cluster(&full[b], (n >> 1) & 1);
-    else
-      mbarrier_wait(&full[b], (n >> 1) & 1);
+    mbarrier_wait(&full[b], (n >> 1) & 1);  // the producer's tile of this chunk
 
     // S = Q K^T for this warpgroup's 32 keys.
     float s[16];
@@ -566,11 +518,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_fence_operands(o);
-    // The tile is free for chunk n + 2: told to its producer's CTA (crossing over, rank b's).
-    if (ranks > 1 && static_cast<unsigned>(b) != rank)
-      mbarrier_arrive_remote(&empty[b], static_cast<unsigned>(b));
-    else
-      mbarrier_arrive(&empty[b]);
+    mbarrier_arrive(&empty[b]);  // the tile is free for chunk n + 2
   }
   // The split-K combine (launched dependent) may be scheduled once every CTA is past its keys: its
   // CTAs then wait at grid_dependency_wait instead of behind a launch gap.
@@ -646,7 +594,6 @@ __global__ void __launch_bounds__(kThreads, 1) attention_kernel(AttentionArgs a)
           *reinterpret_cast<const float4*>(stage + h * kAccRow + part * 4);
     }
   }
-  if (ranks > 1) cluster_sync();  // (the producers' cluster_sync: no CTA leaves while its peer works)
 }
 
 // Merges the split states of one (token, head): 128 threads, 4 dims each. The splits' maxima and
@@ -720,13 +667,6 @@ int attention_splits(std::int64_t tokens, std::int64_t heads, std::int64_t max_k
   return static_cast<int>(best);
 }
 
-bool attention_crosses_over(std::int64_t heads, bool kv_fp8, std::int64_t max_keys, int splits) {
-  if ((heads + kHeads - 1) / kHeads != 2 || !kv_fp8) return false;
-  if (max_keys <= 0) return true;
-  const std::int64_t chunks = (max_keys + kKeys - 1) / kKeys;
-  return (chunks + std::max(splits, 1) - 1) / std::max(splits, 1) >= 2;
-}
-
 void sparse_attention(const AttentionArgs& args, gpu_stream_t stream) {
   if (args.capacity <= 0) return;
   if (args.splits < 1 || (args.splits > 1 && (args.part_acc == nullptr || args.part_ml == nullptr)))
@@ -736,22 +676,9 @@ void sparse_attention(const AttentionArgs& args, gpu_stream_t stream) {
     launch_error("sparse_attention: {} splits x {} tokens exceed the partial buffers", {args.splits, args.capacity});
   const unsigned groups = static_cast<unsigned>((args.heads + kHeads - 1) / kHeads);
   const dim3 grid(static_cast<unsigned>(args.capacity) * groups, 1, static_cast<unsigned>(args.splits));
-  static const bool smem_set =
-      (set_max_dynamic_smem(attention_kernel<false>, kSmemBytes), set_max_dynamic_smem(attention_kernel<true>, kSmemBytes),
-       true);
+  static const bool smem_set = (set_max_dynamic_smem(attention_kernel, kSmemBytes), true);
   (void)smem_set;
-  // Two head groups on an FP8 cache cross over (attention_kernel): a cluster of the token's two CTAs.
-  // DSV4_ATTENTION_CROSSOVER=0 runs them apart (for measurements).
-  static const bool crossover_on = [] {
-    const char* v = std::getenv("DSV4_ATTENTION_CROSSOVER");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  const unsigned cluster =
-      crossover_on && attention_crosses_over(args.heads, args.kv_fp8, args.max_keys, args.splits) ? 2u : 1u;
-  if (cluster > 1)
-    launch_cluster(attention_kernel<true>, grid, dim3(kThreads), kSmemBytes, cluster, stream, args);
-  else
-    launch(attention_kernel<false>, grid, dim3(kThreads), kSmemBytes, stream, args);
+  launch(attention_kernel, grid, dim3(kThreads), kSmemBytes, stream, args);
   if (args.splits > 1) {
     launch_dependent(combine_kernel, dim3(static_cast<unsigned>(args.capacity), static_cast<unsigned>(args.heads)),
                      dim3(kDim / 4), 0, stream, args);

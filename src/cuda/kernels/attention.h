@@ -46,13 +46,7 @@ struct AttentionArgs {
   std::int32_t splits = 1;
   float* part_acc = nullptr;
   float* part_ml = nullptr;
-  std::int32_t max_keys = 0;  // keys of a token at most (0: not known), for the crossover's choice
 };
-
-// Whether the token's two head groups cross over (a cluster of two CTAs sharing the dequantized
-// keys, attention.cu): two head groups, an FP8 cache, and two chunks of 64 keys or more a split
-// (a split of one chunk gains nothing from it; max_keys 0 counts as many).
-bool attention_crosses_over(std::int64_t heads, bool kv_fp8, std::int64_t max_keys, int splits);
 
 // Keys of a token at most: window + max(top_k, complete c128 entries).
 void sparse_attention(const AttentionArgs& args, gpu_stream_t stream);
