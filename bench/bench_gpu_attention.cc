@@ -7,7 +7,7 @@
 //                       [--top-k-segments S] [--ctas-per-token C]   (indexer launch overrides; 0: auto)
 //                       [--splits S]   (decode attention's split count; 0: attention_splits' choice)
 //                       [--top-k K]    (decode: the CSA cases' top-k instead of 512 / 1024; no FlashMLA figure)
-//                       [--rotate 0]   (decode: one cache copy, no rotation through more than L2 holds)
+//                       [--rotate 0|1] (decode; 0: one cache copy, no rotation through more than L2 holds)
 //
 // decode   s_q = 2 query tokens per sequence (a token and its MTP draft) at the end of a 16K
 //          context, FP8 main-KV cache (584-byte entries) read through block tables:
@@ -496,8 +496,10 @@ int run(int argc, char** argv) {
       top_k = std::clamp<std::int64_t>(std::atoll(value.c_str()), 0, 4096);
     else if (key == "--splits")
       splits = std::clamp(std::atoi(value.c_str()), 0, 32);
-    else if (key == "--rotate")
-      rotate = value != "0";
+    else if (key == "--rotate") {
+      if (value != "0" && value != "1") throw Error(fmt::format("--rotate {} (0 or 1)", value));
+      rotate = value == "1";
+    }
     else
       throw Error(fmt::format("unknown option {}", key));
   }
