@@ -34,7 +34,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-programs=(test_device_language test_gpu_ops test_gpu_model bench_gpu_model bench_gpu_gemm bench_gpu_moe bench_gpu_attention dsv4)
+programs=(test_device_language test_gpu_ops test_gpu_model bench_gpu_model bench_gpu_gemm bench_gpu_moe bench_gpu_attention bench_gpu_hyper dsv4)
 
 if [ "$mode" != prebuilt ]; then
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DDSV4_WERROR="${DSV4_WERROR:-OFF}" >/dev/null || exit 1
@@ -113,6 +113,7 @@ if [ $bench = 1 ]; then
   else
     check bench_moe 600 "$(find_program bench_gpu_moe)"
   fi
+  check bench_hyper 120 "$(find_program bench_gpu_hyper)" $([ $quick = 1 ] && echo --reps 20)
   if [ $quick = 1 ]; then
     check bench_attention 120 "$(find_program bench_gpu_attention)" --reps 20
   else

@@ -1009,7 +1009,8 @@ TEST(GpuOps, HcPreAndPost) {
   const std::vector<std::int64_t> dims = small() ? std::vector<std::int64_t>{256} : std::vector<std::int64_t>{256, 4096, 7168};
   for (std::int64_t dim : dims) {
     Sweep sweep;
-    for (std::int64_t rows : small() ? std::vector<std::int64_t>{1, 2, 9, 17} : std::vector<std::int64_t>{1, 2, 9, 17, 130}) {
+    for (std::int64_t rows :
+         small() ? std::vector<std::int64_t>{1, 2, 9, 17, 33} : std::vector<std::int64_t>{1, 2, 9, 17, 33, 130}) {
       std::mt19937_64 rng(seed_of({8, dim, rows}));
       const std::int64_t n_mix = (2 + hc) * hc;
       const HcInputs in = hc_inputs(hc, dim, n_mix, 3, rng);
@@ -1030,21 +1031,28 @@ TEST(GpuOps, HcPreAndPost) {
       DevArray<float> dpost(ref_post.size()), dcomb(ref_comb.size());
       const gpu::HcShape shape{hc, dim, 20, 1e-6f, 1e-6f};
       DevArray<float> dscratch(static_cast<std::size_t>(gpu::hc_scratch_floats(rows, shape)));
-      gpu::hc_pre(dh.get(), gpu::HcWeights{dfn.get(), dbase.get(), dscale.get()}, dnorm.get(), shape, rows, dx.get(), dpost.get(),
-                  dcomb.get(), nullptr, dscratch.get(), st());
-      const ErrStats sx = compare(from_bf16(dx.download()), ref_x);
-      const ErrStats sp = compare(dpost.download(), ref_post);
-      const ErrStats sc = compare(dcomb.download(), ref_comb);
-      const std::string sh = fmt::format("hc {} rows {} dim {}", hc, rows, dim);
-      // The mixes and the norm's sum of squares in the CPU's blocked order: bit-identical.
-      EXPECT_EQ(sx.nonfinite + sp.nonfinite + sc.nonfinite, 0) << sh;
-      EXPECT_EQ(sx.differing, 0) << sh;
-      EXPECT_EQ(sp.differing, 0) << sh;
-      EXPECT_EQ(sc.differing, 0) << sh;
       const std::string key = fmt::format("hc {} dim {}", hc, dim);
-      sweep.add("hc_pre x", key, sx, "exact: bf16, with attn_norm; blocked sums");
-      sweep.add("hc_pre post", key, sp, "exact: fp32");
-      sweep.add("hc_pre comb", key, sc, "exact: fp32, 20 Sinkhorn iterations");
+      // Both ways of forming the mixes; outputs poisoned (NaN) before each run.
+      for (const gpu::HcMixPath path : {gpu::HcMixPath::kBlocks, gpu::HcMixPath::kRows}) {
+        const char* path_name = path == gpu::HcMixPath::kBlocks ? "blocks" : "rows";
+        dx.upload(std::vector<std::uint16_t>(ref_x.size(), 0x7fc0));
+        dpost.upload(std::vector<float>(ref_post.size(), std::numeric_limits<float>::quiet_NaN()));
+        dcomb.upload(std::vector<float>(ref_comb.size(), std::numeric_limits<float>::quiet_NaN()));
+        gpu::hc_pre(dh.get(), gpu::HcWeights{dfn.get(), dbase.get(), dscale.get()}, dnorm.get(), shape, rows, dx.get(),
+                    dpost.get(), dcomb.get(), nullptr, dscratch.get(), st(), path);
+        const ErrStats sx = compare(from_bf16(dx.download()), ref_x);
+        const ErrStats sp = compare(dpost.download(), ref_post);
+        const ErrStats sc = compare(dcomb.download(), ref_comb);
+        const std::string sh = fmt::format("hc {} rows {} dim {} mixes by {}", hc, rows, dim, path_name);
+        // The mixes and the norm's sum of squares in the CPU's blocked order: bit-identical.
+        EXPECT_EQ(sx.nonfinite + sp.nonfinite + sc.nonfinite, 0) << sh;
+        EXPECT_EQ(sx.differing, 0) << sh;
+        EXPECT_EQ(sp.differing, 0) << sh;
+        EXPECT_EQ(sc.differing, 0) << sh;
+        sweep.add(fmt::format("hc_pre x ({})", path_name), key, sx, "exact: bf16, with attn_norm; blocked sums");
+        sweep.add(fmt::format("hc_pre post ({})", path_name), key, sp, "exact: fp32");
+        sweep.add(fmt::format("hc_pre comb ({})", path_name), key, sc, "exact: fp32, 20 Sinkhorn iterations");
+      }
 
       // hc_post on the CPU's post/comb and a random sub-layer output: the same fp32 ops in the
       // same order, so bit-identical.
@@ -1061,10 +1069,10 @@ TEST(GpuOps, HcPreAndPost) {
       DevArray<std::uint16_t> dhn(h.size());
       gpu::hc_post(dout.get(), dh.get(), cpost.get(), ccomb.get(), shape, rows, dhn.get(), nullptr, st());
       const ErrStats sn = compare(from_bf16(dhn.download()), ref_h);
-      EXPECT_EQ(sn.differing, 0) << sh;
+      EXPECT_EQ(sn.differing, 0) << fmt::format("hc {} rows {} dim {}", hc, rows, dim);
       sweep.add("hc_post", key, sn, "exact: same fp32 ops, same order");
     }
-    sweep.flush(small() ? "rows 1,2,9,17" : "rows 1,2,9,17,130");
+    sweep.flush(small() ? "rows 1,2,9,17,33" : "rows 1,2,9,17,33,130");
   }
 }
 
@@ -1095,21 +1103,26 @@ TEST(GpuOps, HcHeadEmbedMtp) {
               in.scale, in.base, p, y);
       rms_norm(y, 1, in.norm_w, 1e-6f, std::span<float>(ref).subspan(i * static_cast<std::size_t>(dim), static_cast<std::size_t>(dim)));
     }
-    DevArray<std::uint16_t> dy(static_cast<std::size_t>(T * dim));
-    gpu::hc_head(dh.get(), step->get(), all, static_cast<std::int32_t>(T), gpu::HcWeights{dfn.get(), dbase.get(), dscale.get()},
-                 dnorm.get(), shape, dy.get(), dscratch.get(), st());
-    std::vector<float> got = from_bf16(dy.download());
-    // Rows past the count stay poisoned.
-    std::int64_t past = 0;
-    for (std::size_t i = ref.size(); i < got.size(); ++i) past += !std::isnan(got[i]);
-    got.resize(ref.size());
-    const ErrStats s = compare(got, ref);
-    const std::string sh = fmt::format("hc {} dim {} tokens {} rows {}", hc, dim, T, rows.size());
-    EXPECT_EQ(s.nonfinite, 0) << sh;
-    EXPECT_EQ(past, 0) << sh;
-    EXPECT_EQ(s.differing, 0) << sh;  // blocked sums, as the CPU
-    report(all ? "hc_head (all tokens)" : "hc_head (logits tokens)", sh, s, fmt::format("{}/{} differ", s.differing, s.n),
-           "exact: with the final norm");
+    for (const gpu::HcMixPath path : {gpu::HcMixPath::kBlocks, gpu::HcMixPath::kRows}) {
+      const char* path_name = path == gpu::HcMixPath::kBlocks ? "blocks" : "rows";
+      DevArray<std::uint16_t> dy(static_cast<std::size_t>(T * dim));
+      gpu::hc_head(dh.get(), step->get(), all, static_cast<std::int32_t>(T),
+                   gpu::HcWeights{dfn.get(), dbase.get(), dscale.get()}, dnorm.get(), shape, dy.get(), dscratch.get(),
+                   st(), path);
+      std::vector<float> got = from_bf16(dy.download());
+      // Rows past the count stay poisoned.
+      std::int64_t past = 0;
+      for (std::size_t i = ref.size(); i < got.size(); ++i) past += !std::isnan(got[i]);
+      got.resize(ref.size());
+      const ErrStats s = compare(got, ref);
+      const std::string sh =
+          fmt::format("hc {} dim {} tokens {} rows {} mixes by {}", hc, dim, T, rows.size(), path_name);
+      EXPECT_EQ(s.nonfinite, 0) << sh;
+      EXPECT_EQ(past, 0) << sh;
+      EXPECT_EQ(s.differing, 0) << sh;  // blocked sums, as the CPU
+      report(all ? "hc_head (all tokens)" : "hc_head (logits tokens)", sh, s,
+             fmt::format("{}/{} differ", s.differing, s.n), "exact: with the final norm");
+    }
   }
   // embed_streams: every stream a copy of the embedding row (exact).
   {

@@ -106,6 +106,64 @@ __global__ void __launch_bounds__(kThreads) mix_sums_kernel(const std::uint16_t*
   }
 }
 
+// The same raw mixes in two passes, the form for many rows (mix_sums_kernel reads each row
+// kMix + 1 times). Pass 1: thread (lane = row of a 32-row group, warp = one 128-term block) sums
+// its row's block left to right for every one of the kMix + 1 sums at once, so h is read once; a
+// warp's lanes read the same fn words (one broadcast load). The block sums go to
+// bsum[(m * nb + b) * cap + i]. Pass 2: thread (row, sum) adds its nb block sums left to right --
+// the CPU's blocked order, so both forms give the same bits.
+constexpr int kBlockWarps = 8;
+template <int kMix>
+__global__ void __launch_bounds__(32 * kBlockWarps)
+    mix_block_sums_kernel(const std::uint16_t* h, const float* fn, std::int64_t n, RowSource src, std::int64_t cap,
+                          float* bsum) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * 32 + (threadIdx.x & 31);
+  const int nb = static_cast<int>((n + kSumBlock - 1) / kSumBlock);
+  const int b = static_cast<int>(blockIdx.y) * kBlockWarps + static_cast<int>(threadIdx.x >> 5);
+  std::int64_t row = 0;
+  if (b >= nb || !source_row(src, i, &row)) return;
+  const std::uint16_t* hr = h + row * n;
+  float acc[kMix + 1];
+  DSV4_UNROLL
+  for (int m = 0; m <= kMix; ++m) acc[m] = 0.0f;
+  const std::int64_t k0 = static_cast<std::int64_t>(b) * kSumBlock, k1 = k0 + kSumBlock < n ? k0 + kSumBlock : n;
+  for (std::int64_t k = k0; k < k1; k += 8) {  // n % 8 == 0 (check_shape): no step crosses a block
+    const uint4 raw8 = __ldg(reinterpret_cast<const uint4*>(hr + k));
+    float v[8];
+    DSV4_UNROLL
+    for (int j = 0; j < 8; ++j) {
+      const std::uint32_t word = word_of(raw8, j / 2);
+      v[j] = bf16_value(static_cast<std::uint16_t>((j & 1) ? word >> 16 : word & 0xffffu));
+    }
+    DSV4_UNROLL
+    for (int m = 0; m < kMix; ++m) {
+      const float4 wa = __ldg(reinterpret_cast<const float4*>(fn + m * n + k));
+      const float4 wb = __ldg(reinterpret_cast<const float4*>(fn + m * n + k + 4));
+      const float w8[8] = {wa.x, wa.y, wa.z, wa.w, wb.x, wb.y, wb.z, wb.w};
+      DSV4_UNROLL
+      for (int j = 0; j < 8; ++j) acc[m] = add_rn(acc[m], mul_rn(v[j], w8[j]));
+    }
+    DSV4_UNROLL
+    for (int j = 0; j < 8; ++j) acc[kMix] = add_rn(acc[kMix], mul_rn(v[j], v[j]));
+  }
+  DSV4_UNROLL
+  for (int m = 0; m <= kMix; ++m) bsum[(static_cast<std::int64_t>(m) * nb + b) * cap + i] = acc[m];
+}
+
+template <int kMix>
+__global__ void __launch_bounds__(kThreads)
+    mix_block_totals_kernel(const float* bsum, std::int64_t n, RowSource src, std::int64_t cap, float* raw) {
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int m = static_cast<int>(blockIdx.y);
+  std::int64_t row = 0;
+  if (i >= cap || !source_row(src, i, &row)) return;
+  const int nb = static_cast<int>((n + kSumBlock - 1) / kSumBlock);
+  const float* p = bsum + static_cast<std::int64_t>(m) * nb * cap + i;
+  float total = 0.0f;
+  for (int b = 0; b < nb; ++b) total = add_rn(total, p[static_cast<std::int64_t>(b) * cap]);
+  raw[i * (kMix + 1) + m] = total;
+}
+
 // The mixes of row i from its raw sums: mixes[m] = dot_m * (1 / sqrt(sumsq / n + eps)).
 template <int kMix>
 __device__ void finish_mixes(const float* raw, std::int64_t i, std::int64_t n, float eps, float* mixes) {
@@ -215,20 +273,51 @@ __global__ void __launch_bounds__(kThreads) hc_head_kernel(const std::uint16_t* 
   weighted_sum_norm(hrow, pre, hc, s.dim, norm_w, s.norm_eps, ybuf, red, y + i * s.dim);
 }
 
+// Eight consecutive values of a row a thread: 16-byte loads and stores of out, h and h_new.
 __global__ void hc_post_kernel(const std::uint16_t* out, const std::uint16_t* h, const float* post, const float* comb,
                                int hc, std::int64_t dim, std::int64_t rows, std::uint16_t* h_new,
                                const std::int32_t* rows_dev) {
   const std::int64_t row = blockIdx.y;
   if (!row_live(row, rows, rows_dev)) return;
-  const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (k >= dim) return;
-  float hv[kMaxHc];
-  for (int i = 0; i < hc; ++i) hv[i] = bf16_value(h[(row * hc + i) * dim + k]);
-  const float o = bf16_value(out[row * dim + k]);
-  for (int j = 0; j < hc; ++j) {
-    float mixed = 0.0f;
-    for (int i = 0; i < hc; ++i) mixed = add_rn(mixed, mul_rn(comb[row * hc * hc + i * hc + j], hv[i]));
-    store_bf16(h_new + (row * hc + j) * dim + k, add_rn(mul_rn(post[row * hc + j], o), mixed));
+  const std::int64_t k = 8 * (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x);
+  if (k >= dim) return;     // dim % 8 == 0 (check_shape)
+  uint4 hraw[kMaxHc] = {};  // zeroed: the compiler cannot see that only i < hc are read
+  DSV4_UNROLL
+  for (int i = 0; i < kMaxHc; ++i)
+    if (i < hc) hraw[i] = *reinterpret_cast<const uint4*>(h + (row * hc + i) * dim + k);
+  const uint4 oraw = *reinterpret_cast<const uint4*>(out + row * dim + k);
+  float cm[kMaxHc * kMaxHc] = {}, pj[kMaxHc] = {};
+  DSV4_UNROLL
+  for (int q = 0; q < kMaxHc * kMaxHc; ++q)
+    if (q < hc * hc) cm[q] = comb[row * hc * hc + q];
+  DSV4_UNROLL
+  for (int j = 0; j < kMaxHc; ++j)
+    if (j < hc) pj[j] = post[row * hc + j];
+  DSV4_UNROLL
+  for (int j = 0; j < kMaxHc; ++j) {
+    if (j >= hc) break;
+    std::uint32_t words[4];
+    DSV4_UNROLL
+    for (int e = 0; e < 8; e += 2) {
+      float pair[2];
+      DSV4_UNROLL
+      for (int t = 0; t < 2; ++t) {
+        const int x = e + t;
+        auto value = [&](const uint4& v) {
+          const std::uint32_t word = word_of(v, x / 2);
+          return bf16_value(static_cast<std::uint16_t>((x & 1) ? word >> 16 : word & 0xffffu));
+        };
+        float mixed = 0.0f;
+        DSV4_UNROLL
+        for (int i = 0; i < kMaxHc; ++i) {
+          if (i >= hc) break;
+          mixed = add_rn(mixed, mul_rn(cm[i * hc + j], value(hraw[i])));
+        }
+        pair[t] = add_rn(mul_rn(pj[j], value(oraw)), mixed);
+      }
+      words[e / 2] = pack_bf16x2(pair[0], pair[1]);
+    }
+    *reinterpret_cast<uint4*>(h_new + (row * hc + j) * dim + k) = make_uint4(words[0], words[1], words[2], words[3]);
   }
 }
 
@@ -263,6 +352,33 @@ __global__ void gather_mtp_kernel(const std::uint16_t* src, const DeviceStep* st
   if (k < width) dst[i * width + k] = src[static_cast<std::int64_t>(step->mtp_source[i]) * width + k];
 }
 
+// Floats of hc scratch before the block sums: the raw mixes of `rows` rows.
+std::int64_t raw_floats(std::int64_t rows, int n_mix) {
+  return (std::max<std::int64_t>(rows, 1) + kMixRows) * (n_mix + 1);
+}
+
+// The raw mixes (kMix + 1 sums a row) of rows [0, rows) of src by `path`, into scratch (the block
+// sums of HcMixPath::kRows after them).
+template <int kMix>
+void launch_mix_sums(const std::uint16_t* h, const float* fn, std::int64_t n, const RowSource& src, std::int64_t rows,
+                     HcMixPath path, float* scratch, gpu_stream_t stream) {
+  if (path == HcMixPath::kAuto) path = rows >= kHcRowsFrom ? HcMixPath::kRows : HcMixPath::kBlocks;
+  if (path == HcMixPath::kRows) {
+    const std::int64_t nb = (n + kSumBlock - 1) / kSumBlock;
+    float* bsum = scratch + raw_floats(rows, kMix);
+    launch(mix_block_sums_kernel<kMix>,
+           dim3(static_cast<unsigned>((rows + 31) / 32), static_cast<unsigned>((nb + kBlockWarps - 1) / kBlockWarps)),
+           dim3(32 * kBlockWarps), 0, stream, h, fn, n, src, rows, bsum);
+    launch(mix_block_totals_kernel<kMix>,
+           dim3(static_cast<unsigned>((rows + kThreads - 1) / kThreads), static_cast<unsigned>(kMix + 1)),
+           dim3(kThreads), 0, stream, static_cast<const float*>(bsum), n, src, rows, scratch);
+  } else {
+    launch(mix_sums_kernel<kMix>,
+           dim3(static_cast<unsigned>((rows + kMixRows - 1) / kMixRows), static_cast<unsigned>(kMix + 1)),
+           dim3(kThreads), 0, stream, h, fn, n, src, scratch);
+  }
+}
+
 unsigned blocks_for(std::int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 
 void check_shape(const HcShape& s) {
@@ -286,15 +402,15 @@ void embed_streams(const DeviceStep* step, std::int32_t capacity, const std::uin
 namespace {
 
 template <int kHc>
-void launch_pre(const std::uint16_t* h, const HcWeights& w, const float* norm_w, const HcShape& shape, std::int64_t rows,
-                std::uint16_t* x, float* post, float* comb, const std::int32_t* rows_dev, float* scratch, gpu_stream_t stream) {
+void launch_pre(const std::uint16_t* h, const HcWeights& w, const float* norm_w, const HcShape& shape,
+                std::int64_t rows, std::uint16_t* x, float* post, float* comb, const std::int32_t* rows_dev,
+                float* scratch, gpu_stream_t stream, HcMixPath path) {
   constexpr int kMix = (2 + kHc) * kHc;
   const std::int64_t n = kHc * shape.dim;
   RowSource src;
   src.rows = rows;
   src.rows_dev = rows_dev;
-  launch(mix_sums_kernel<kMix>, dim3(static_cast<unsigned>((rows + kMixRows - 1) / kMixRows), static_cast<unsigned>(kMix + 1)),
-         dim3(kThreads), 0, stream, h, w.fn, n, src, scratch);
+  launch_mix_sums<kMix>(h, w.fn, n, src, rows, path, scratch, stream);
   static const bool smem_set = (set_max_dynamic_smem(hc_pre_kernel<kMix>, 64 * 1024), true);
   (void)smem_set;
   launch(hc_pre_kernel<kMix>, dim3(static_cast<unsigned>(rows)), dim3(kThreads), ybuf_bytes(shape), stream, h, w, norm_w, shape,
@@ -302,14 +418,14 @@ void launch_pre(const std::uint16_t* h, const HcWeights& w, const float* norm_w,
 }
 
 template <int kHc>
-void launch_head(const std::uint16_t* h, const DeviceStep* step, bool all_tokens, std::int32_t capacity, const HcWeights& w,
-                 const float* norm_w, const HcShape& shape, std::uint16_t* y, float* scratch, gpu_stream_t stream) {
+void launch_head(const std::uint16_t* h, const DeviceStep* step, bool all_tokens, std::int32_t capacity,
+                 const HcWeights& w, const float* norm_w, const HcShape& shape, std::uint16_t* y, float* scratch,
+                 gpu_stream_t stream, HcMixPath path) {
   const std::int64_t n = kHc * shape.dim;
   RowSource src;
   src.step = step;
   src.all_tokens = all_tokens;
-  launch(mix_sums_kernel<kHc>, dim3(static_cast<unsigned>((capacity + kMixRows - 1) / kMixRows), static_cast<unsigned>(kHc + 1)),
-         dim3(kThreads), 0, stream, h, w.fn, n, src, scratch);
+  launch_mix_sums<kHc>(h, w.fn, n, src, capacity, path, scratch, stream);
   static const bool smem_set = (set_max_dynamic_smem(hc_head_kernel<kHc>, 64 * 1024), true);
   (void)smem_set;
   launch(hc_head_kernel<kHc>, dim3(static_cast<unsigned>(capacity)), dim3(kThreads), ybuf_bytes(shape), stream, h, src, w,
@@ -319,20 +435,22 @@ void launch_head(const std::uint16_t* h, const DeviceStep* step, bool all_tokens
 }  // namespace
 
 std::int64_t hc_scratch_floats(std::int64_t rows, const HcShape& shape) {
-  const std::int64_t n_mix = (2 + shape.hc) * shape.hc;
-  return (std::max<std::int64_t>(rows, 1) + kMixRows) * (n_mix + 1);
+  const int n_mix = (2 + shape.hc) * shape.hc;  // hc_head's hc sums need less
+  const std::int64_t nb = (shape.hc * shape.dim + kSumBlock - 1) / kSumBlock;
+  return raw_floats(rows, n_mix) + (n_mix + 1) * nb * std::max<std::int64_t>(rows, 1);
 }
 
 void hc_pre(const std::uint16_t* h, const HcWeights& w, const float* norm_w, const HcShape& shape, std::int64_t rows,
-            std::uint16_t* x, float* post, float* comb, const std::int32_t* rows_dev, float* scratch, gpu_stream_t stream) {
+            std::uint16_t* x, float* post, float* comb, const std::int32_t* rows_dev, float* scratch,
+            gpu_stream_t stream, HcMixPath path) {
   check_shape(shape);
   if (rows <= 0) return;
   if (ybuf_bytes(shape) > 64 * 1024) launch_error("hc_pre: hidden size {} is too large for one block", {shape.dim});
   switch (shape.hc) {
-    case 1: return launch_pre<1>(h, w, norm_w, shape, rows, x, post, comb, rows_dev, scratch, stream);
-    case 2: return launch_pre<2>(h, w, norm_w, shape, rows, x, post, comb, rows_dev, scratch, stream);
-    case 3: return launch_pre<3>(h, w, norm_w, shape, rows, x, post, comb, rows_dev, scratch, stream);
-    default: return launch_pre<4>(h, w, norm_w, shape, rows, x, post, comb, rows_dev, scratch, stream);
+    case 1: return launch_pre<1>(h, w, norm_w, shape, rows, x, post, comb, rows_dev, scratch, stream, path);
+    case 2: return launch_pre<2>(h, w, norm_w, shape, rows, x, post, comb, rows_dev, scratch, stream, path);
+    case 3: return launch_pre<3>(h, w, norm_w, shape, rows, x, post, comb, rows_dev, scratch, stream, path);
+    default: return launch_pre<4>(h, w, norm_w, shape, rows, x, post, comb, rows_dev, scratch, stream, path);
   }
 }
 
@@ -341,19 +459,20 @@ void hc_post(const std::uint16_t* out, const std::uint16_t* h, const float* post
              gpu_stream_t stream) {
   check_shape(shape);
   if (rows <= 0) return;
-  launch(hc_post_kernel, dim3(blocks_for(shape.dim), static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, out, h, post,
-         comb, shape.hc, shape.dim, rows, h_new, rows_dev);
+  launch(hc_post_kernel, dim3(blocks_for(shape.dim / 8), static_cast<unsigned>(rows)), dim3(kThreads), 0, stream, out,
+         h, post, comb, shape.hc, shape.dim, rows, h_new, rows_dev);
 }
 
 void hc_head(const std::uint16_t* h, const DeviceStep* step, bool all_tokens, std::int32_t capacity, const HcWeights& w,
-             const float* norm_w, const HcShape& shape, std::uint16_t* y, float* scratch, gpu_stream_t stream) {
+             const float* norm_w, const HcShape& shape, std::uint16_t* y, float* scratch, gpu_stream_t stream,
+             HcMixPath path) {
   check_shape(shape);
   if (capacity <= 0) return;
   switch (shape.hc) {
-    case 1: return launch_head<1>(h, step, all_tokens, capacity, w, norm_w, shape, y, scratch, stream);
-    case 2: return launch_head<2>(h, step, all_tokens, capacity, w, norm_w, shape, y, scratch, stream);
-    case 3: return launch_head<3>(h, step, all_tokens, capacity, w, norm_w, shape, y, scratch, stream);
-    default: return launch_head<4>(h, step, all_tokens, capacity, w, norm_w, shape, y, scratch, stream);
+    case 1: return launch_head<1>(h, step, all_tokens, capacity, w, norm_w, shape, y, scratch, stream, path);
+    case 2: return launch_head<2>(h, step, all_tokens, capacity, w, norm_w, shape, y, scratch, stream, path);
+    case 3: return launch_head<3>(h, step, all_tokens, capacity, w, norm_w, shape, y, scratch, stream, path);
+    default: return launch_head<4>(h, step, all_tokens, capacity, w, norm_w, shape, y, scratch, stream, path);
   }
 }
 
