@@ -9,8 +9,10 @@
 // Bytes: hc_pre reads h [rows][4][hidden] bf16 and the mix weights fn [24][4 * hidden] fp32 and
 // writes x [rows][hidden] bf16 (post and comb are small); hc_post reads h and the sub-layer output
 // and writes the new streams. Timing: `reps` runs captured in one CUDA graph with an event between
-// runs (gpu_bench_util.h), the median run reported; run r reads copy r mod copies of h, enough
-// copies that the copies in turn pass more than L2 holds, so h comes from HBM as in a model step.
+// runs (gpu_bench_util.h), the median run reported; run r reads copy r mod copies of h, 256 MB
+// of copies in turn (at most 64 copies), so from about 32 rows on h comes from HBM as in a prompt
+// step; at fewer rows the copies fit in L2, as a decode step's streams stay there. fn (1.5 MB
+// for Flash) stays in L2 across runs, where a model's layers each read their own.
 #include <fmt/format.h>
 
 #include <algorithm>
