@@ -47,6 +47,9 @@ const char* path_name(GemmPath p) {
     default: return "auto";
   }
 }
+const char* path_name(gpu::HcMixPath p) { return p == gpu::HcMixPath::kBlocks ? "blocks" : "rows"; }
+// hc_pre / hc_head: both ways of forming the mixes, forced.
+constexpr gpu::HcMixPath kMixPaths[] = {gpu::HcMixPath::kBlocks, gpu::HcMixPath::kRows};
 
 // Quantizes one row the way linear() feeds an fp8 / fp4 GEMM: blocks of 128, the last shorter.
 void quantize_row_ref(std::span<const float> x, std::vector<std::uint8_t>& codes, std::vector<float>& scales) {
@@ -1033,8 +1036,7 @@ TEST(GpuOps, HcPreAndPost) {
       DevArray<float> dscratch(static_cast<std::size_t>(gpu::hc_scratch_floats(rows, shape)));
       const std::string key = fmt::format("hc {} dim {}", hc, dim);
       // Both ways of forming the mixes; outputs poisoned (NaN) before each run.
-      for (const gpu::HcMixPath path : {gpu::HcMixPath::kBlocks, gpu::HcMixPath::kRows}) {
-        const char* path_name = path == gpu::HcMixPath::kBlocks ? "blocks" : "rows";
+      for (const gpu::HcMixPath path : kMixPaths) {
         dx.upload(std::vector<std::uint16_t>(ref_x.size(), 0x7fc0));
         dpost.upload(std::vector<float>(ref_post.size(), std::numeric_limits<float>::quiet_NaN()));
         dcomb.upload(std::vector<float>(ref_comb.size(), std::numeric_limits<float>::quiet_NaN()));
@@ -1043,21 +1045,21 @@ TEST(GpuOps, HcPreAndPost) {
         const ErrStats sx = compare(from_bf16(dx.download()), ref_x);
         const ErrStats sp = compare(dpost.download(), ref_post);
         const ErrStats sc = compare(dcomb.download(), ref_comb);
-        const std::string sh = fmt::format("hc {} rows {} dim {} mixes by {}", hc, rows, dim, path_name);
+        const std::string sh = fmt::format("hc {} rows {} dim {} mixes by {}", hc, rows, dim, path_name(path));
         // The mixes and the norm's sum of squares in the CPU's blocked order: bit-identical.
         EXPECT_EQ(sx.nonfinite + sp.nonfinite + sc.nonfinite, 0) << sh;
         EXPECT_EQ(sx.differing, 0) << sh;
         EXPECT_EQ(sp.differing, 0) << sh;
         EXPECT_EQ(sc.differing, 0) << sh;
-        sweep.add(fmt::format("hc_pre x ({})", path_name), key, sx, "exact: bf16, with attn_norm; blocked sums");
-        sweep.add(fmt::format("hc_pre post ({})", path_name), key, sp, "exact: fp32");
-        sweep.add(fmt::format("hc_pre comb ({})", path_name), key, sc, "exact: fp32, 20 Sinkhorn iterations");
+        sweep.add(fmt::format("hc_pre x ({})", path_name(path)), key, sx, "exact: bf16, with attn_norm; blocked sums");
+        sweep.add(fmt::format("hc_pre post ({})", path_name(path)), key, sp, "exact: fp32");
+        sweep.add(fmt::format("hc_pre comb ({})", path_name(path)), key, sc, "exact: fp32, 20 Sinkhorn iterations");
       }
       // A device row count below the grid's rows (a replayed graph, a short last chunk): the live
       // rows exact, the rows past it untouched.
       if (rows > 8) {
         const std::int64_t live = rows - 5;
-        for (const gpu::HcMixPath path : {gpu::HcMixPath::kBlocks, gpu::HcMixPath::kRows}) {
+        for (const gpu::HcMixPath path : kMixPaths) {
           DevArray<std::int32_t> dlive(std::vector<std::int32_t>{static_cast<std::int32_t>(live)});
           dx.upload(std::vector<std::uint16_t>(ref_x.size(), 0x7fc0));
           gpu::hc_pre(dh.get(), gpu::HcWeights{dfn.get(), dbase.get(), dscale.get()}, dnorm.get(), shape, rows,
@@ -1067,8 +1069,8 @@ TEST(GpuOps, HcPreAndPost) {
           for (std::size_t k = static_cast<std::size_t>(live * dim); k < got.size(); ++k) past += !std::isnan(got[k]);
           got.resize(static_cast<std::size_t>(live * dim));
           const ErrStats sl = compare(got, std::vector<float>(ref_x.begin(), ref_x.begin() + live * dim));
-          const std::string sh = fmt::format("hc {} rows {} (live {}) dim {} mixes by {}", hc, rows, live, dim,
-                                             path == gpu::HcMixPath::kBlocks ? "blocks" : "rows");
+          const std::string sh =
+              fmt::format("hc {} rows {} (live {}) dim {} mixes by {}", hc, rows, live, dim, path_name(path));
           EXPECT_EQ(sl.differing + sl.nonfinite, 0) << sh;
           EXPECT_EQ(past, 0) << sh;
         }
@@ -1123,8 +1125,7 @@ TEST(GpuOps, HcHeadEmbedMtp) {
               in.scale, in.base, p, y);
       rms_norm(y, 1, in.norm_w, 1e-6f, std::span<float>(ref).subspan(i * static_cast<std::size_t>(dim), static_cast<std::size_t>(dim)));
     }
-    for (const gpu::HcMixPath path : {gpu::HcMixPath::kBlocks, gpu::HcMixPath::kRows}) {
-      const char* path_name = path == gpu::HcMixPath::kBlocks ? "blocks" : "rows";
+    for (const gpu::HcMixPath path : kMixPaths) {
       DevArray<std::uint16_t> dy(static_cast<std::size_t>(T * dim));
       gpu::hc_head(dh.get(), step->get(), all, static_cast<std::int32_t>(T),
                    gpu::HcWeights{dfn.get(), dbase.get(), dscale.get()}, dnorm.get(), shape, dy.get(), dscratch.get(),
@@ -1136,7 +1137,7 @@ TEST(GpuOps, HcHeadEmbedMtp) {
       got.resize(ref.size());
       const ErrStats s = compare(got, ref);
       const std::string sh =
-          fmt::format("hc {} dim {} tokens {} rows {} mixes by {}", hc, dim, T, rows.size(), path_name);
+          fmt::format("hc {} dim {} tokens {} rows {} mixes by {}", hc, dim, T, rows.size(), path_name(path));
       EXPECT_EQ(s.nonfinite, 0) << sh;
       EXPECT_EQ(past, 0) << sh;
       EXPECT_EQ(s.differing, 0) << sh;  // blocked sums, as the CPU
