@@ -554,6 +554,7 @@ __device__ __forceinline__ void wgmma_fence_operands(std::uint32_t (&a)[N]) {
 #include <type_traits>
 
 #include "cuda/sim/simt.h"
+#include "numerics/fp8_dot_model.h"
 
 #define DSV4_DYNAMIC_SMEM(T, name) T* name = reinterpret_cast<T*>(::dsv4::gpu::sim::dynamic_smem())
 
@@ -739,16 +740,6 @@ inline float f16_bits_value(std::uint16_t bits) {
   else magnitude = std::ldexp(static_cast<float>(1024u + mantissa), static_cast<int>(exponent) - 25);
   return (bits & 0x8000u) != 0 ? -magnitude : magnitude;
 }
-// Value (r, k) of the e4m3 operand a descriptor describes (K-major, 16 values a core-matrix row).
-inline float wgmma_operand_e4m3(std::uint64_t desc, int r, int k) {
-  const std::uint64_t start = (desc & 0x3FFFu) << 4, lbo = ((desc >> 16) & 0x3FFFu) << 4, sbo = ((desc >> 32) & 0x3FFFu) << 4;
-  const unsigned code = sim::dynamic_smem()[start + (r / 8) * sbo + (k / 16) * lbo + (r % 8) * 16 + k % 16];
-  const unsigned exponent = (code >> 3) & 15u, mantissa = code & 7u;
-  if (exponent == 15u && mantissa == 7u) return std::numeric_limits<float>::quiet_NaN();
-  const float magnitude = exponent == 0 ? std::ldexp(static_cast<float>(mantissa), -9)
-                                        : std::ldexp(static_cast<float>(8u + mantissa), static_cast<int>(exponent) - 10);
-  return (code & 0x80u) != 0 ? -magnitude : magnitude;
-}
 // Every product, modeled: D[64 x N] (+)= A[64 x K] B[N x K]^T with a(r, k) and b(n, k) the operands'
 // values, each thread's accumulators in the device's layout.
 template <int N, int K, class AValue, class BValue>
@@ -778,11 +769,27 @@ inline void wgmma_m64k16_f16(float (&d)[N / 2], std::uint64_t desc_a, std::uint6
       d, desc_a, desc_b, accumulate, loc, [&](int r, int k) { return f16_bits_value(wgmma_bits16(desc_a, r, k)); },
       [&](int n, int k) { return f16_bits_value(wgmma_bits16(desc_b, n, k)); });
 }
+// The code at (r, k) of an e4m3 operand (K-major, 16 values a core-matrix row).
+inline std::uint8_t wgmma_code_e4m3(std::uint64_t desc, int r, int k) {
+  const std::uint64_t start = (desc & 0x3FFFu) << 4, lbo = ((desc >> 16) & 0x3FFFu) << 4,
+                      sbo = ((desc >> 32) & 0x3FFFu) << 4;
+  return sim::dynamic_smem()[start + (r / 8) * sbo + (k / 16) * lbo + (r % 8) * 16 + k % 16];
+}
+// The FP8 product sums as the tensor core does (not in fp32): each output is fp8_dot with the
+// project's model of Hopper, kHopperFp8Dot (numerics/fp8_dot_model.h).
 inline void wgmma_m64n64k32_e4m3(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,
                                  std::source_location loc = std::source_location::current()) {
-  wgmma_model<64, 32>(
-      d, desc_a, desc_b, accumulate, loc, [&](int r, int k) { return wgmma_operand_e4m3(desc_a, r, k); },
-      [&](int n, int k) { return wgmma_operand_e4m3(desc_b, n, k); });
+  sim::wgmma_issue(desc_a, desc_b, 64 / 8, loc);
+  const int t = static_cast<int>(threadIdx.x % 128u), w = t / 32, g = (t % 32) / 4, q = t % 4;
+  std::uint8_t a[32], b[32];
+  for (int i = 0; i < 32; ++i) {
+    const int row = 16 * w + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * q + i % 2;
+    for (int k = 0; k < 32; ++k) {
+      a[k] = wgmma_code_e4m3(desc_a, row, k);
+      b[k] = wgmma_code_e4m3(desc_b, col, k);
+    }
+    d[i] = ::dsv4::fp8_dot(::dsv4::kHopperFp8Dot, accumulate ? d[i] : 0.0f, a, b);
+  }
 }
 // A from registers: the warpgroup's fragments meet in a table of the running block, between two
 // named barriers (ids 15 - warpgroup: kernels using this product leave those ids alone).

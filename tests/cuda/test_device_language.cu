@@ -8,16 +8,21 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "cuda/device.h"
 #include "cuda/kernels/numerics.cuh"
 #include "cuda/runtime.h"
 #include "numerics/bf16.h"
+#include "numerics/fp8_dot_model.h"
+#include "numerics/fp8_e4m3.h"
 
 namespace gpu = dsv4::gpu;
 
@@ -499,6 +504,40 @@ __global__ void wgmma_wide_kernel(const std::uint16_t* a, const std::uint16_t* b
   const int w = t / 32, g = (t % 32) / 4, q = t % 4;
   for (int i = 0; i < 16; ++i) d1[(16 * w + g + 8 * ((i % 4) / 2)) * 32 + 8 * (i / 4) + 2 * q + i % 2] = acc1[i];
   for (int i = 0; i < 128; ++i) d2[(16 * w + g + 8 * ((i % 4) / 2)) * 256 + 8 * (i / 4) + 2 * q + i % 2] = acc2[i];
+}
+
+// FP8 wgmma as the tensor core sums it (numerics/fp8_dot_model.h): tile blockIdx.x of
+// D [64 x 64] = C + A [64 x k] B [64 x k]^T, k = 32 or 128, one wgmma.m64n64k32.e4m3 per 32 values
+// chained through the accumulator (C null: the first product starts from zero). Each 32-wide
+// chunk of A and of B sits K-major without swizzle (sbo 256, lbo 128), 2 KB after the one before.
+__global__ void wgmma_e4m3_probe_kernel(const std::uint8_t* a, const std::uint8_t* b, const float* c, float* d, int k) {
+  DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
+  std::uint8_t* sa = smem;
+  std::uint8_t* sb = smem + 64 * k;
+  const std::int64_t tile = blockIdx.x;
+  const int t = static_cast<int>(threadIdx.x);
+  for (int i = t; i < 64 * k; i += 128) {
+    const int r = i / k, kk = i % k;
+    const int offset = (kk / 32) * 2048 + (r / 8) * 256 + ((kk % 32) / 16) * 128 + (r % 8) * 16 + kk % 16;
+    sa[offset] = a[tile * 64 * k + i];
+    sb[offset] = b[tile * 64 * k + i];
+  }
+  gpu::fence_proxy_async_shared();
+  __syncthreads();
+  const int w = t / 32, g = (t % 32) / 4, q = t % 4;
+  const auto at = [&](int i) {
+    return tile * 4096 + (16 * w + g + 8 * ((i % 4) / 2)) * 64 + 8 * (i / 4) + 2 * q + i % 2;
+  };
+  float acc[32];
+  for (int i = 0; i < 32; ++i) acc[i] = c == nullptr ? 0.0f : c[at(i)];
+  gpu::wgmma_fence();
+  for (int j = 0; j < k / 32; ++j)
+    gpu::wgmma_m64n64k32_e4m3(acc, gpu::wgmma_descriptor(sa + j * 2048, 128, 256),
+                              gpu::wgmma_descriptor(sb + j * 2048, 128, 256), c != nullptr || j > 0);
+  gpu::wgmma_commit();
+  gpu::wgmma_wait<0>();
+  gpu::wgmma_fence_operands(acc);
+  for (int i = 0; i < 32; ++i) d[at(i)] = acc[i];
 }
 
 // Bulk copies completed on an mbarrier, two phases of the same barrier: thread 0 announces the
@@ -1224,6 +1263,233 @@ TEST(DeviceLanguage, WgmmaF16WithRegisterA) {
         ASSERT_EQ(h8[m * 8 + n], static_cast<float>(want)) << "n8: row " << m << " column " << n;
       }
     }
+}
+
+// The tensor core's FP8 sums against numerics/fp8_dot_model.h. Six sets of operands, random and
+// crafted so that each undocumented choice of the model shows in some outputs: wide exponent
+// ranges (the window and the cut), a random accumulator (whether C joins the alignment), a pair
+// of products that cancel above small ones (whether the alignment uses them), realistic
+// activations times fp4 weights and chains of four products (k = 128, the reference's fp8 block).
+// Every candidate of fp8_dot_candidates() is scored; the test asserts that kHopperFp8Dot
+// reproduces every output bit and prints the candidates that do (the simulator runs
+// kHopperFp8Dot itself, so there the test checks the plumbing). DSV4_FP8_DOT_DUMP=<file> also
+// writes every set (name, tiles, k, whether C is given, then A, B, C and D) for fitting offline,
+// and DSV4_FP8_DOT_REPLAY=<file> scores such a file instead of running the products.
+struct Fp8ProbeSet {
+  std::string name;
+  int tiles = 8, k = 32;
+  bool with_c = false;
+  std::vector<std::uint8_t> a, b;
+  std::vector<float> c, d;
+};
+
+std::uint8_t fp8_code_in(std::mt19937& rng, int exponent_lo, int exponent_hi) {
+  std::uniform_int_distribution<int> e(exponent_lo, exponent_hi), m(0, 7), sign(0, 1);
+  for (;;) {
+    const int code = (sign(rng) << 7) | (e(rng) << 3) | m(rng);
+    if ((code & 0x7f) != 0x7f) return static_cast<std::uint8_t>(code);
+  }
+}
+
+float random_accumulator(std::mt19937& rng) {
+  std::uniform_int_distribution<std::uint32_t> significand(1u << 23, (1u << 24) - 1);
+  std::uniform_int_distribution<int> exponent(-12, 16), sign(0, 1);
+  const float v = std::ldexp(static_cast<float>(significand(rng)), exponent(rng) - 23);
+  return sign(rng) != 0 ? -v : v;
+}
+
+std::vector<Fp8ProbeSet> fp8_probe_sets() {
+  std::mt19937 rng(2026);
+  std::vector<Fp8ProbeSet> sets;
+  const auto add = [&](std::string name, int k, bool with_c, auto a_code, auto b_code) {
+    Fp8ProbeSet s;
+    s.name = std::move(name);
+    s.k = k;
+    s.with_c = with_c;
+    const std::size_t n = static_cast<std::size_t>(s.tiles) * 64 * static_cast<std::size_t>(k);
+    s.a.resize(n);
+    s.b.resize(n);
+    for (std::size_t i = 0; i < n; ++i) s.a[i] = a_code(i);
+    for (std::size_t i = 0; i < n; ++i) s.b[i] = b_code(i);
+    if (with_c) {
+      s.c.resize(static_cast<std::size_t>(s.tiles) * 4096);
+      for (float& v : s.c) v = random_accumulator(rng);
+    }
+    sets.push_back(std::move(s));
+  };
+  const auto any = [&](std::size_t) { return fp8_code_in(rng, 0, 15); };
+  add("uniform codes, C = 0", 32, false, any, any);
+  add("uniform codes, random C", 32, true, any, any);
+  add("uniform codes, k 128, random C", 128, true, any, any);
+  const auto narrow = [&](std::size_t) { return fp8_code_in(rng, 5, 8); };
+  add("four binades, C = 0", 32, false, narrow, narrow);
+  // Values 0 and 1 of every row: X and -X against Y and Y (the products cancel); the rest small.
+  std::vector<std::uint8_t> big(8 * 64);
+  for (auto& v : big) v = fp8_code_in(rng, 11, 15);
+  add(
+      "cancelling pair over small products", 32, false,
+      [&](std::size_t i) {
+        const std::size_t kk = i % 32;
+        return kk == 0   ? static_cast<std::uint8_t>(big[i / 32] & 0x7f)
+               : kk == 1 ? static_cast<std::uint8_t>(big[i / 32] | 0x80)
+                         : fp8_code_in(rng, 0, 6);
+      },
+      [&](std::size_t i) {
+        const std::size_t kk = i % 32;
+        return kk <= 1 ? static_cast<std::uint8_t>(big[(i / 32 + 7) % big.size()] & 0x7f) : fp8_code_in(rng, 0, 9);
+      });
+  // Activations as linear() quantizes them (a 128 block scaled so its largest is near 448) times
+  // fp4 weights widened to e4m3 (what the reference's fp4 product feeds the tensor core).
+  std::normal_distribution<float> gauss(0.0f, 1.0f);
+  std::uniform_int_distribution<int> e2m1(0, 15);
+  std::vector<float> block(128);
+  std::vector<std::uint8_t> act;
+  for (int r = 0; r < 8 * 64; ++r) {
+    float amax = 0.0f;
+    for (float& v : block) amax = std::max(amax, std::fabs(v = gauss(rng) * (r % 7 == 0 ? 30.0f : 1.0f)));
+    const float scale = std::exp2(std::ceil(std::log2(amax / 448.0f)));
+    for (float v : block) act.push_back(dsv4::f32_to_e4m3(v / scale));
+  }
+  const float fp4_values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  add(
+      "activations x fp4 weights, k 128", 128, false, [&](std::size_t i) { return act[i]; },
+      [&](std::size_t) {
+        const int v = e2m1(rng);
+        return dsv4::f32_to_e4m3((v & 8) != 0 ? -fp4_values[v & 7] : fp4_values[v & 7]);
+      });
+  return sets;
+}
+
+// The sets a DSV4_FP8_DOT_DUMP file holds (written by the test below on a GPU).
+std::vector<Fp8ProbeSet> read_fp8_probe_dump(const char* path) {
+  std::vector<Fp8ProbeSet> sets;
+  std::FILE* f = std::fopen(path, "rb");
+  if (f == nullptr) throw std::runtime_error(std::string("cannot open ") + path);
+  char name[64];
+  while (std::fread(name, 1, sizeof(name), f) == sizeof(name)) {
+    Fp8ProbeSet s;
+    std::int32_t head[3];
+    bool ok = std::fread(head, sizeof(head), 1, f) == 1 && head[0] > 0 && head[0] <= 4096 &&
+              (head[1] == 32 || head[1] == 128);
+    if (ok) {
+      name[sizeof(name) - 1] = '\0';
+      s.name = name;
+      s.tiles = head[0], s.k = head[1], s.with_c = head[2] != 0;
+      const std::size_t n = static_cast<std::size_t>(s.tiles) * 64 * static_cast<std::size_t>(s.k),
+                        outs = static_cast<std::size_t>(s.tiles) * 4096;
+      s.a.resize(n), s.b.resize(n), s.d.resize(outs);
+      if (s.with_c) s.c.resize(outs);
+      ok = std::fread(s.a.data(), 1, n, f) == n && std::fread(s.b.data(), 1, n, f) == n &&
+           (!s.with_c || std::fread(s.c.data(), sizeof(float), outs, f) == outs) &&
+           std::fread(s.d.data(), sizeof(float), outs, f) == outs;
+    }
+    if (!ok) {
+      std::fclose(f);
+      throw std::runtime_error(std::string("truncated or malformed probe dump ") + path);
+    }
+    sets.push_back(std::move(s));
+  }
+  std::fclose(f);
+  return sets;
+}
+
+TEST(DeviceLanguage, WgmmaE4m3SumsMatchTheFp8DotModel) {
+  // DSV4_FP8_DOT_REPLAY=<dump>: score the outputs a GPU wrote instead of running the products (to
+  // fit the model offline, on any build).
+  const char* replay = std::getenv("DSV4_FP8_DOT_REPLAY");
+  auto sets = replay != nullptr ? read_fp8_probe_dump(replay) : fp8_probe_sets();
+  for (Fp8ProbeSet& s : sets) {
+    if (replay != nullptr) break;
+    DeviceVector<std::uint8_t> d_a(s.a), d_b(s.b);
+    DeviceVector<float> d_c(s.with_c ? s.c : std::vector<float>(1)), d_d(static_cast<std::size_t>(s.tiles) * 4096);
+    gpu::launch(wgmma_e4m3_probe_kernel, dim3(static_cast<unsigned>(s.tiles)), dim3(128),
+                static_cast<std::size_t>(128 * s.k), test_stream().handle(), d_a.get(), d_b.get(),
+                s.with_c ? d_c.get() : nullptr, d_d.get(), s.k);
+    s.d = d_d.to_host();
+    for (float v : s.d) ASSERT_TRUE(std::isfinite(v)) << s.name;
+  }
+  if (const char* path = std::getenv("DSV4_FP8_DOT_DUMP"); path != nullptr && replay == nullptr) {
+    std::FILE* f = std::fopen(path, "wb");
+    ASSERT_NE(f, nullptr) << path;
+    for (const Fp8ProbeSet& s : sets) {
+      char name[64] = {};
+      std::strncpy(name, s.name.c_str(), sizeof(name) - 1);
+      const std::int32_t head[3] = {s.tiles, s.k, s.with_c ? 1 : 0};
+      std::fwrite(name, 1, sizeof(name), f);
+      std::fwrite(head, sizeof(head), 1, f);
+      std::fwrite(s.a.data(), 1, s.a.size(), f);
+      std::fwrite(s.b.data(), 1, s.b.size(), f);
+      if (s.with_c) std::fwrite(s.c.data(), sizeof(float), s.c.size(), f);
+      std::fwrite(s.d.data(), sizeof(float), s.d.size(), f);
+    }
+    std::fclose(f);
+  }
+  std::vector<std::vector<dsv4::Fp8DotCase>> cases(sets.size());
+  for (std::size_t i = 0; i < sets.size(); ++i) {
+    const Fp8ProbeSet& s = sets[i];
+    for (int tile = 0; tile < s.tiles; ++tile)
+      for (int m = 0; m < 64; ++m)
+        for (int n = 0; n < 64; ++n) {
+          const std::size_t out =
+              (static_cast<std::size_t>(tile) * 64 + static_cast<std::size_t>(m)) * 64 + static_cast<std::size_t>(n);
+          const std::size_t row_a =
+              (static_cast<std::size_t>(tile) * 64 + static_cast<std::size_t>(m)) * static_cast<std::size_t>(s.k);
+          const std::size_t row_b =
+              (static_cast<std::size_t>(tile) * 64 + static_cast<std::size_t>(n)) * static_cast<std::size_t>(s.k);
+          cases[i].push_back({s.with_c ? s.c[out] : 0.0f, &s.a[row_a], &s.b[row_b], s.k, s.d[out]});
+        }
+  }
+  // Score every candidate: the sets in order, until 20 outputs are wrong (the sets after that are
+  // not run: "-"), so that only the candidates that fit run every output.
+  struct Score {
+    dsv4::Fp8DotModel model;
+    std::vector<std::int64_t> wrong;
+    std::int64_t total = 0;
+  };
+  std::vector<Score> scores;
+  for (const dsv4::Fp8DotModel& m : dsv4::fp8_dot_candidates()) {
+    Score sc{m, std::vector<std::int64_t>(cases.size(), -1), 0};
+    for (std::size_t i = 0; i < cases.size() && sc.total < 20; ++i) {
+      sc.wrong[i] = dsv4::fp8_dot_mismatches(m, cases[i], 20 - sc.total);
+      sc.total += sc.wrong[i];
+    }
+    scores.push_back(std::move(sc));
+  }
+  const auto sets_run = [](const Score& x) {
+    return std::count_if(x.wrong.begin(), x.wrong.end(), [](std::int64_t w) { return w >= 0; });
+  };
+  std::stable_sort(scores.begin(), scores.end(), [&](const Score& x, const Score& y) {
+    return x.total != y.total ? x.total < y.total : sets_run(x) > sets_run(y);
+  });
+  std::printf("FP8 wgmma sums: wrong outputs per set (scored until 20 are wrong)");
+  for (const Fp8ProbeSet& s : sets) std::printf(" | %s", s.name.c_str());
+  std::printf("\n");
+  for (std::size_t i = 0; i < scores.size() && (i < 8 || scores[i].total == 0); ++i) {
+    std::printf("  %s:", dsv4::describe(scores[i].model).c_str());
+    for (std::int64_t w : scores[i].wrong) w >= 0 ? std::printf(" %lld", static_cast<long long>(w)) : std::printf(" -");
+    std::printf("\n");
+  }
+  // kHopperFp8Dot: every output, with the first wrong ones shown.
+  for (std::size_t i = 0; i < sets.size(); ++i) {
+    int shown = 0;
+    for (const dsv4::Fp8DotCase& c : cases[i]) {
+      const float want = dsv4::fp8_dot(dsv4::kHopperFp8Dot, c.c, {c.a, static_cast<std::size_t>(c.k)},
+                                       {c.b, static_cast<std::size_t>(c.k)});
+      if (want == c.d) continue;
+      std::string products;
+      for (int kk = 0; kk < c.k; ++kk) {
+        const double p = static_cast<double>(dsv4::e4m3_to_f32(c.a[kk])) * dsv4::e4m3_to_f32(c.b[kk]);
+        if (p != 0.0) {
+          products += ' ';
+          products += std::to_string(p);
+        }
+      }
+      ADD_FAILURE() << sets[i].name << ": the tensor core gave " << c.d << " (0x" << std::hex
+                    << std::bit_cast<std::uint32_t>(c.d) << "), the model " << want << " (0x"
+                    << std::bit_cast<std::uint32_t>(want) << std::dec << "); C = " << c.c << ", products:" << products;
+      if (++shown == 3) break;
+    }
+  }
 }
 
 TEST(DeviceLanguage, BulkCopiesCompleteOnAnMbarrier) {
