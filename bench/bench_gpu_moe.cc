@@ -9,6 +9,7 @@
 // bandwidth of a large device-to-device copy, FLOPs over the e4m3 mma.sync peak (mma_peak.h).
 //
 //   bench_gpu_moe [--tokens 1,16,64,256,4096] [--reps N (timed runs, default 50)] [--shapes flash,pro]
+//   (DSV4_EXPERTS_FP8=1 in the environment: the expert products on FP8 wgmma, gemm_experts_fp8.h)
 //
 // Routing is realistic: the activations and the gate weight are seeded random values (logits of
 // standard deviation about 2) plus a small random bias, so tokens pick experts at random and the
@@ -46,6 +47,7 @@
 #include "cuda/device_step.h"
 #include "cuda/kernels/fill.h"
 #include "cuda/kernels/gemm.h"
+#include "cuda/kernels/gemm_experts_fp8.h"
 #include "cuda/kernels/moe.h"
 #include "cuda/runtime.h"
 #include "gpu_bench_util.h"
@@ -392,7 +394,10 @@ int run(int argc, char** argv) {
   const double peak_fp8 = bench::measure_mma_peak_tflops(true);
   fmt::print("device: {} ({} SMs, L2 {} MB)\nHBM bandwidth (4 GiB copy, read + write): {:.2f} TB/s\n", info.name,
              info.sm_count, info.l2_bytes >> 20, bw / 1e12);
-  fmt::print("mma.sync peak: e4m3 {:.0f} TFLOP/s\n\n", peak_fp8);
+  fmt::print("mma.sync peak: e4m3 {:.0f} TFLOP/s\n", peak_fp8);
+  fmt::print("expert products: {}\n\n", gpu::experts_fp8_opted_in()
+                                            ? "FP8 wgmma at every step size (DSV4_EXPERTS_FP8=1, gemm_experts_fp8.h)"
+                                            : "the default kernels (few-rows at decode, f16 wgmma tiles for prompts)");
   fmt::print(
       "Routed MoE, gate GEMM through combine (time: the median of {} runs); gate and expert GEMMs (w1|w3 + w2): the\n"
       "same runs' medians of those launches alone, the GEMMs' ratios over the experts' bytes and the FLOPs.\n\n",

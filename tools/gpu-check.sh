@@ -90,6 +90,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm 
 check device_language 60 "$(find_program test_device_language)"
 check gpu_ops 180 "$(find_program test_gpu_ops)"
 check gpu_model 180 "$(find_program test_gpu_model)"
+# The whole model with the routed experts on FP8 wgmma (gemm_experts_fp8.h, opt-in).
+check gpu_model_fp8_experts 180 env DSV4_EXPERTS_FP8=1 "$(find_program test_gpu_model)"
 
 if [ $sanitizer = 1 ] && command -v compute-sanitizer >/dev/null; then
   # memcheck and racecheck on the op tests (the simulator's smaller sizes) and on the tiny model's
@@ -110,8 +112,10 @@ if [ $bench = 1 ]; then
   fi
   if [ $quick = 1 ]; then
     check bench_moe 300 "$(find_program bench_gpu_moe)" --reps 10
+    check bench_moe_fp8 300 env DSV4_EXPERTS_FP8=1 "$(find_program bench_gpu_moe)" --reps 10
   else
     check bench_moe 600 "$(find_program bench_gpu_moe)"
+    check bench_moe_fp8 600 env DSV4_EXPERTS_FP8=1 "$(find_program bench_gpu_moe)"
   fi
   check bench_hyper 120 "$(find_program bench_gpu_hyper)" $([ $quick = 1 ] && echo --reps 20)
   if [ $quick = 1 ]; then

@@ -33,7 +33,8 @@
 // (launch_cluster, cluster_rank, cluster_blocks, cluster_sync, cluster_map, mbarrier_arrive_remote,
 // mbarrier_wait_cluster), and warpgroup mma (wgmma_descriptor,
 // fence_proxy_async_shared, wgmma_fence, wgmma_m64n{32,64}k16_bf16, wgmma_m64n256k16_bf16_bt,
-// wgmma_m64n64k32_e4m3, wgmma_m64k16_f16_rs<N> (A from registers), wgmma_m64k16_f16<N>,
+// wgmma_m64n64k32_e4m3, wgmma_m64k32_e4m3_rs<N> and wgmma_m64k16_f16_rs<N> (A from registers),
+// wgmma_m64k16_f16<N>,
 // wgmma_commit, wgmma_wait, wgmma_fence_operands).
 #pragma once
 
@@ -438,6 +439,56 @@ __device__ __forceinline__ void wgmma_m64n64k32_e4m3(float (&d)[32], std::uint64
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate))
       : "memory");
 }
+// D[64 x N] (+)= A[64 x 32] B[N x 32]^T, e4m3, with A from registers (N = 8, 16, 32, 64): warp w of
+// the warpgroup holds rows 16 w .. 16 w + 15 as mma_m16n8k32_e4m3 holds its A -- a[0] row g, k
+// 4 q .. 4 q + 3; a[1] row g + 8, the same k; a[2] row g, k 16 + 4 q ..; a[3] row g + 8, k 16 + 4 q
+// .. (g = lane / 4, q = lane % 4, byte i of a word is k + i). B as for wgmma_m64n64k32_e4m3 (K-major,
+// 16 values a core-matrix row); d as for wgmma_m64n64k16_bf16 (j < N / 8). The registers of a and d
+// must not change until the product's wgmma_wait.
+template <int N>
+__device__ __forceinline__ void wgmma_m64k32_e4m3_rs(float (&d)[N / 2], const std::uint32_t (&a)[4],
+                                                     std::uint64_t desc_b, bool accumulate) {
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64);
+  if constexpr (N == 8) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate))
+        : "memory");
+  } else if constexpr (N == 16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate))
+        : "memory");
+  } else if constexpr (N == 32) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, "
+        "1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate))
+        : "memory");
+  } else if constexpr (N == 64) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+        "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(static_cast<int>(accumulate))
+        : "memory");
+  }
+}
 // D[64 x N] (+)= A[64 x 16] B[N x 16]^T, f16, with A from registers (N = 8, 16, 32, 64): warp w of
 // the warpgroup holds rows 16 w .. 16 w + 15 as mma.m16n8k16 holds its A -- a[0] row g, k 2 q and
 // 2 q + 1 (low half first); a[1] row g + 8, the same k; a[2] row g, k 8 + 2 q ..; a[3] row g + 8,
@@ -537,7 +588,7 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
-// The same for register A fragments (wgmma_m64k16_f16_rs): called after the wait, it keeps their
+// The same for register A fragments (wgmma_m64k16_f16_rs, wgmma_m64k32_e4m3_rs): called after the wait, it keeps their
 // registers from being reused while the product may still read them.
 template <int N>
 __device__ __forceinline__ void wgmma_fence_operands(std::uint32_t (&a)[N]) {
@@ -791,6 +842,30 @@ inline void wgmma_m64n64k32_e4m3(float (&d)[32], std::uint64_t desc_a, std::uint
     d[i] = ::dsv4::fp8_dot(::dsv4::kHopperFp8Dot, accumulate ? d[i] : 0.0f, a, b);
   }
 }
+// A from registers, e4m3: the warpgroup's fragments meet in a table of the running block between
+// two named barriers (ids 15 - warpgroup, as below); the sums as wgmma_m64n64k32_e4m3's.
+template <int N>
+inline void wgmma_m64k32_e4m3_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], std::uint64_t desc_b, bool accumulate,
+                                 std::source_location loc = std::source_location::current()) {
+  static_assert(N == 8 || N == 16 || N == 32 || N == 64);
+  static std::uint32_t table[8][128][4];
+  const unsigned wg = threadIdx.x / 128u, t = threadIdx.x % 128u;
+  for (int i = 0; i < 4; ++i) table[wg][t][i] = a[i];
+  sim::named_barrier_sync(15u - wg, 128u, loc);
+  sim::wgmma_issue(sim::kRegisterA, desc_b, N / 8, loc);
+  const int w = static_cast<int>(t) / 32, g = (static_cast<int>(t) % 32) / 4, q = static_cast<int>(t) % 4;
+  std::uint8_t ac[32], bc[32];
+  for (int i = 0; i < N / 2; ++i) {
+    const int row = 16 * w + g + 8 * ((i % 4) / 2), col = 8 * (i / 4) + 2 * q + i % 2;
+    for (int k = 0; k < 32; ++k) {
+      const int holder = 32 * (row / 16) + 4 * (row % 8) + (k % 16) / 4, reg = (row % 16) / 8 + 2 * (k / 16);
+      ac[k] = static_cast<std::uint8_t>(table[wg][holder][reg] >> (8 * (k % 4)));
+      bc[k] = wgmma_code_e4m3(desc_b, col, k);
+    }
+    d[i] = ::dsv4::fp8_dot(::dsv4::kHopperFp8Dot, accumulate ? d[i] : 0.0f, ac, bc);
+  }
+  sim::named_barrier_sync(15u - wg, 128u, loc);
+}
 // A from registers: the warpgroup's fragments meet in a table of the running block, between two
 // named barriers (ids 15 - warpgroup: kernels using this product leave those ids alone).
 template <int N>
@@ -805,7 +880,8 @@ inline void wgmma_m64k16_f16_rs(float (&d)[N / 2], const std::uint32_t (&a)[4], 
     const int holder = 32 * (r / 16) + 4 * (r % 8) + (k % 8) / 2, reg = (r % 16) / 8 + 2 * (k / 8);
     return f16_bits_value(static_cast<std::uint16_t>(table[wg][holder][reg] >> (16 * (k % 2))));
   };
-  wgmma_model<N, 16>(d, desc_b, desc_b, accumulate, loc, a_value, [&](int n, int k) { return f16_bits_value(wgmma_bits16(desc_b, n, k)); });
+  wgmma_model<N, 16>(d, sim::kRegisterA, desc_b, accumulate, loc, a_value,
+                     [&](int n, int k) { return f16_bits_value(wgmma_bits16(desc_b, n, k)); });
   sim::named_barrier_sync(15u - wg, 128u, loc);
 }
 inline void wgmma_m64n64k16_bf16(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, bool accumulate,

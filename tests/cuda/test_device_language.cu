@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -504,6 +505,41 @@ __global__ void wgmma_wide_kernel(const std::uint16_t* a, const std::uint16_t* b
   const int w = t / 32, g = (t % 32) / 4, q = t % 4;
   for (int i = 0; i < 16; ++i) d1[(16 * w + g + 8 * ((i % 4) / 2)) * 32 + 8 * (i / 4) + 2 * q + i % 2] = acc1[i];
   for (int i = 0; i < 128; ++i) d2[(16 * w + g + 8 * ((i % 4) / 2)) * 256 + 8 * (i / 4) + 2 * q + i % 2] = acc2[i];
+}
+
+// wgmma with an e4m3 A from registers (m64nNk32): thread t of the warpgroup loads its four A words
+// from the row-major A [64][32] (a[0] row g k 4 q .. 4 q + 3, a[1] row g + 8, a[2] row g k 16 + 4 q ..,
+// a[3] row g + 8 k 16 + 4 q ..); B [64][32] goes K-major into shared memory (sbo 256, lbo 128). D8 =
+// A B[0..8)^T accumulated twice, D64 = A B^T.
+__global__ void wgmma_e4m3_rs_kernel(const std::uint8_t* a, const std::uint8_t* b, float* d8, float* d64) {
+  DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
+  const int t = static_cast<int>(threadIdx.x);
+  for (int i = t; i < 64 * 32; i += 128) {
+    const int n = i / 32, k = i % 32;
+    smem[(n / 8) * 256 + (k / 16) * 128 + (n % 8) * 16 + k % 16] = b[i];
+  }
+  gpu::fence_proxy_async_shared();
+  __syncthreads();
+  const int w = t / 32, g = (t % 32) / 4, q = t % 4;
+  std::uint32_t frag[4];
+  for (int j = 0; j < 4; ++j) {
+    const int row = 16 * w + g + 8 * (j % 2), k0 = 4 * q + 16 * (j / 2);
+    frag[j] = *reinterpret_cast<const std::uint32_t*>(a + row * 32 + k0);
+  }
+  float acc8[4], acc64[32];
+  for (float& v : acc8) v = 0.0f;
+  gpu::wgmma_fence();
+  const std::uint64_t db = gpu::wgmma_descriptor(smem, 128, 256);
+  gpu::wgmma_m64k32_e4m3_rs<8>(acc8, frag, db, false);
+  gpu::wgmma_m64k32_e4m3_rs<8>(acc8, frag, db, true);
+  gpu::wgmma_m64k32_e4m3_rs<64>(acc64, frag, db, false);
+  gpu::wgmma_commit();
+  gpu::wgmma_wait<0>();
+  gpu::wgmma_fence_operands(acc8);
+  gpu::wgmma_fence_operands(acc64);
+  gpu::wgmma_fence_operands(frag);
+  for (int i = 0; i < 4; ++i) d8[(16 * w + g + 8 * ((i % 4) / 2)) * 8 + 2 * q + i % 2] = acc8[i];
+  for (int i = 0; i < 32; ++i) d64[(16 * w + g + 8 * ((i % 4) / 2)) * 64 + 8 * (i / 4) + 2 * q + i % 2] = acc64[i];
 }
 
 // FP8 wgmma as the tensor core sums it (numerics/fp8_dot_model.h): tile blockIdx.x of
@@ -1263,6 +1299,54 @@ TEST(DeviceLanguage, WgmmaF16WithRegisterA) {
         ASSERT_EQ(h8[m * 8 + n], static_cast<float>(want)) << "n8: row " << m << " column " << n;
       }
     }
+}
+
+// The register-A e4m3 product: small integers (exact under any summation, so this checks the
+// fragment layout), then random codes against the model of the tensor core's sums.
+TEST(DeviceLanguage, WgmmaE4m3WithRegisterA) {
+  std::mt19937 rng(19);
+  std::uniform_int_distribution<int> small(-8, 8);
+  std::vector<int> a(64 * 32), b(64 * 32);
+  std::vector<std::uint8_t> a8(a.size()), b8(b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) a8[i] = encode_small_int_e4m3(a[i] = small(rng));
+  for (std::size_t i = 0; i < b.size(); ++i) b8[i] = encode_small_int_e4m3(b[i] = small(rng));
+  DeviceVector<std::uint8_t> d_a(a8), d_b(b8);
+  DeviceVector<float> d8(64 * 8), d64(64 * 64);
+  gpu::launch(wgmma_e4m3_rs_kernel, dim3(1), dim3(128), 2048, test_stream().handle(), d_a.get(), d_b.get(), d8.get(),
+              d64.get());
+  const auto h8 = d8.to_host();
+  const auto h64 = d64.to_host();
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < 64; ++n) {
+      int want = 0;
+      for (int k = 0; k < 32; ++k) want += a[m * 32 + k] * b[n * 32 + k];
+      ASSERT_EQ(h64[m * 64 + n], static_cast<float>(want)) << "n64: row " << m << " column " << n;
+      if (n < 8) {
+        ASSERT_EQ(h8[m * 8 + n], static_cast<float>(2 * want)) << "n8: row " << m << " column " << n;
+      }
+    }
+  std::uniform_int_distribution<int> code(0, 255);
+  for (auto* v : {&a8, &b8})
+    for (std::uint8_t& c : *v) do
+        c = static_cast<std::uint8_t>(code(rng));
+      while ((c & 0x7f) == 0x7f);
+  d_a.fill(a8);
+  d_b.fill(b8);
+  gpu::launch(wgmma_e4m3_rs_kernel, dim3(1), dim3(128), 2048, test_stream().handle(), d_a.get(), d_b.get(), d8.get(),
+              d64.get());
+  const auto r8 = d8.to_host();
+  const auto r64 = d64.to_host();
+  int wrong = 0;
+  for (int m = 0; m < 64; ++m)
+    for (int n = 0; n < 64; ++n) {
+      const std::span<const std::uint8_t> row(&a8[static_cast<std::size_t>(m) * 32], 32),
+          col(&b8[static_cast<std::size_t>(n) * 32], 32);
+      const float once = dsv4::fp8_dot(dsv4::kHopperFp8Dot, 0.0f, row, col);
+      if (r64[m * 64 + n] != once) ++wrong;
+      if (n < 8 && r8[m * 8 + n] != dsv4::fp8_dot(dsv4::kHopperFp8Dot, once, row, col)) ++wrong;
+    }
+  EXPECT_EQ(wrong, 0) << "outputs of random codes that the model (" << dsv4::describe(dsv4::kHopperFp8Dot)
+                      << ") gets wrong";
 }
 
 // The tensor core's FP8 sums against numerics/fp8_dot_model.h. Six sets of operands, random and

@@ -15,19 +15,23 @@
 #include <cmath>
 #include <numeric>
 #include <set>
+#include <span>
 
 #include "cpu/hyper_connections.h"
 #include "cpu/linear.h"
 #include "cpu/moe.h"
 #include "cpu/rms_norm.h"
 #include "cuda/kernels/gemm.h"
+#include "cuda/kernels/gemm_experts_fp8.h"
 #include "cuda/kernels/gemm_experts_wgmma.h"
 #include "cuda/kernels/hyper.h"
 #include "cuda/kernels/moe.h"
 #include "gpu_step.h"
 #include "gpu_test_util.h"
 #include "numerics/block_quant.h"
+#include "numerics/fp8_dot_model.h"
 #include "numerics/fp8_e4m3.h"
+#include "numerics/ue8m0.h"
 
 namespace dsv4::gputest {
 namespace {
@@ -886,6 +890,32 @@ TEST(GpuOps, GemmGroupedFp8) {
 }
 
 // gemm_quantized_experts with a hand-built tile map (tile_m 8, 64 for tiled fp4 experts, and 128).
+// The tiles of experts holding `counts` rows each (consecutive rows from 0) for tiles of tile_m
+// rows, then three tiles of garbage past `num` (a grid covers them; they must do nothing).
+struct HostTileMap {
+  std::vector<std::int32_t> expert, row0, rows;
+  std::int32_t num = 0;
+};
+HostTileMap host_tile_map(const std::vector<std::int64_t>& counts, int tile_m) {
+  HostTileMap m;
+  std::int64_t row0 = 0;
+  for (std::size_t e = 0; e < counts.size(); ++e) {
+    for (std::int64_t j = 0; j < counts[e]; j += tile_m) {
+      m.expert.push_back(static_cast<std::int32_t>(e));
+      m.row0.push_back(static_cast<std::int32_t>(row0 + j));
+      m.rows.push_back(static_cast<std::int32_t>(std::min<std::int64_t>(tile_m, counts[e] - j)));
+    }
+    row0 += counts[e];
+  }
+  m.num = static_cast<std::int32_t>(m.expert.size());
+  for (int extra = 0; extra < 3; ++extra) {
+    m.expert.push_back(1);
+    m.row0.push_back(0);
+    m.rows.push_back(tile_m);
+  }
+  return m;
+}
+
 TEST(GpuOps, GemmQuantizedExperts) {
   const std::int64_t E = 4, n = small() ? 96 : 1024, tokens = 40;
   const std::vector<std::int64_t> counts = {9, 0, 130, 1};  // rows per expert
@@ -925,25 +955,11 @@ TEST(GpuOps, GemmQuantizedExperts) {
     }
     for (int tile_m : {gpu::kSmallRows, gpu::kWgmmaExpertRows, gpu::kTileRows}) {
       if (tile_m == gpu::kWgmmaExpertRows && !gpu::experts_fp4_wgmma_supported(gw.w)) continue;
-      std::vector<std::int32_t> t_expert, t_row0, t_rows;
-      for (std::int64_t e = 0, row0 = 0; e < E; ++e) {
-        const std::int64_t c = counts[static_cast<std::size_t>(e)];
-        for (std::int64_t j = 0; j < c; j += tile_m) {
-          t_expert.push_back(static_cast<std::int32_t>(e));
-          t_row0.push_back(static_cast<std::int32_t>(row0 + j));
-          t_rows.push_back(static_cast<std::int32_t>(std::min<std::int64_t>(tile_m, c - j)));
-        }
-        row0 += c;
-      }
-      const auto num = static_cast<std::int32_t>(t_expert.size());
-      // Grid tiles past *num_tiles must do nothing: give them garbage.
-      for (int extra = 0; extra < 3; ++extra) {
-        t_expert.push_back(1);
-        t_row0.push_back(0);
-        t_rows.push_back(tile_m);
-      }
-      DevArray<std::int32_t> d_src(source), d_te(t_expert), d_tr0(t_row0), d_trows(t_rows), d_num(std::vector<std::int32_t>{num});
-      const gpu::ExpertTiles tiles{d_src.get(), d_te.get(), d_tr0.get(), d_trows.get(), d_num.get(), num + 3, tile_m};
+      const HostTileMap map = host_tile_map(counts, tile_m);
+      DevArray<std::int32_t> d_src(source), d_te(map.expert), d_tr0(map.row0), d_trows(map.rows),
+          d_num(std::vector<std::int32_t>{map.num});
+      const gpu::ExpertTiles tiles{d_src.get(), d_te.get(),  d_tr0.get(), d_trows.get(),
+                                   d_num.get(), map.num + 3, tile_m};
       DevArray<std::uint16_t> out(static_cast<std::size_t>(total * n));
       gpu::gemm_quantized_experts(gpu::QuantizedRows{codes.get(), scales.get(), k}, tiles, gw.w, gpu::GemmOutput{out.get(), n, false}, st());
       const std::vector<float> got = from_bf16(out.download());
@@ -958,6 +974,97 @@ TEST(GpuOps, GemmQuantizedExperts) {
         EXPECT_LE(s.differing * 1000, s.n) << shape;
       }
       report("gemm_quantized_experts", shape, s, fmt::format("{}/{} differ", s.differing, s.n), "rows per expert 9,0,130,1");
+    }
+  }
+}
+
+// The FP8 expert kernel's arithmetic on the host, for weight row n and one token: each 32-wide
+// block's product through the model of the tensor core's sums (numerics/fp8_dot_model.h) on the
+// e4m3 bytes the kernel feeds it (the fp4 values times 2^-6), times the block's weight scale into
+// the unit's fp32 sum; each unit's sum times the activation scale into the total; times 64; bf16.
+float fp8_expert_reference(const TestWeight& w, std::int64_t n, const std::uint8_t* codes, const float* scales) {
+  const std::int64_t k = w.k;
+  float acc = 0.0f;
+  std::uint8_t rebuilt[32];
+  for (std::int64_t u = 0; u < k / 128; ++u) {
+    float unit = 0.0f;
+    for (std::int64_t s = 0; s < 4; ++s) {
+      const std::int64_t b = 4 * u + s;
+      for (std::int64_t i = 0; i < 32; ++i) {
+        const std::int64_t kk = 32 * b + i;
+        const std::uint8_t byte = w.data[static_cast<std::size_t>(n * (k / 2) + kk / 2)];
+        const unsigned nib = (kk % 2) != 0 ? byte >> 4 : byte & 15u;
+        rebuilt[i] = static_cast<std::uint8_t>(((nib & 7u) << 2) | ((nib & 8u) << 4));
+      }
+      const float block = fp8_dot(kHopperFp8Dot, 0.0f, rebuilt, std::span<const std::uint8_t>(codes + 32 * b, 32));
+      const float scaled = block * ue8m0_to_f32(w.scales_u8[static_cast<std::size_t>(n * (k / 32) + b)]);
+      unit = s == 0 ? scaled : unit + scaled;
+    }
+    acc += unit * scales[u];
+  }
+  return round_to_bf16(acc * 64.0f);
+}
+
+// The FP8 form of the routed-expert products (gemm_experts_fp8.h) on decode tiles (8 rows) and
+// prompt tiles (64 rows): bit for bit the model of the tensor core, and within the GEMM tolerance
+// of the CPU executor (its fp32 block sums keep more bits: about 2% of the outputs move by a bf16
+// step). Rows per expert 9, 0, 65, 1 and 8: a tile's edge on each side for both heights.
+TEST(GpuOps, GemmExpertsFp8) {
+  const std::int64_t E = 5, n = small() ? 96 : 1024, tokens = 70;
+  const std::vector<std::int64_t> counts = {9, 0, 65, 1, 8};
+  const std::vector<std::int64_t> ks =
+      small() ? std::vector<std::int64_t>{128, 256, 1536} : std::vector<std::int64_t>{128, 1920, 4096};
+  for (std::int64_t k : ks) {
+    std::mt19937_64 rng(seed_of({61, k}));
+    std::vector<TestWeight> tws;
+    std::vector<const TestWeight*> ptrs;
+    for (std::int64_t e = 0; e < E; ++e) tws.push_back(make_weight(WeightFormat::kFp4, n, k, 0.05f, rng));
+    for (const auto& t : tws) ptrs.push_back(&t);
+    DevWeight gw = upload_experts(ptrs);
+    ASSERT_TRUE(gpu::experts_fp4_wgmma_supported(gw.w));
+    std::vector<float> x = bf16_activations(static_cast<std::size_t>(tokens * k), 1.0f, rng);
+    DevArray<std::uint16_t> dx(to_bf16(x));
+    DevArray<std::uint8_t> codes(static_cast<std::size_t>(tokens * k));
+    DevArray<float> scales(static_cast<std::size_t>(tokens * (k / 128)));
+    gpu::quantize_activations(dx.get(), k, tokens, k, codes.get(), scales.get(), nullptr, st());
+    const std::vector<std::uint8_t> h_codes = codes.download();
+    const std::vector<float> h_scales = scales.download();
+    const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+    std::vector<std::int32_t> source(static_cast<std::size_t>(total));
+    for (auto& v : source) v = static_cast<std::int32_t>(rng() % tokens);
+    std::vector<float> model(static_cast<std::size_t>(total * n)), cpu(static_cast<std::size_t>(total * n));
+    for (std::int64_t e = 0, i = 0; e < E; ++e) {
+      const TestWeight& tw = tws[static_cast<std::size_t>(e)];
+      const DenseWeight dw = tw.dense();
+      for (std::int64_t j = 0; j < counts[static_cast<std::size_t>(e)]; ++j, ++i) {
+        const std::int64_t t = source[static_cast<std::size_t>(i)];
+        std::span<const float> xr(x.data() + t * k, static_cast<std::size_t>(k));
+        linear(xr, 1, dw, std::span<float>(cpu.data() + i * n, static_cast<std::size_t>(n)));
+        for (std::int64_t r = 0; r < n; ++r)
+          model[static_cast<std::size_t>(i * n + r)] = fp8_expert_reference(
+              tw, r, &h_codes[static_cast<std::size_t>(t * k)], &h_scales[static_cast<std::size_t>(t * (k / 128))]);
+      }
+    }
+    for (int tile_m : {gpu::kSmallRows, gpu::kWgmmaExpertRows}) {
+      const HostTileMap map = host_tile_map(counts, tile_m);
+      DevArray<std::int32_t> d_src(source), d_te(map.expert), d_tr0(map.row0), d_trows(map.rows),
+          d_num(std::vector<std::int32_t>{map.num});
+      const gpu::ExpertTiles tiles{d_src.get(), d_te.get(),  d_tr0.get(), d_trows.get(),
+                                   d_num.get(), map.num + 3, tile_m};
+      DevArray<std::uint16_t> out(static_cast<std::size_t>(total * n));
+      gpu::gemm_experts_fp4_fp8(gpu::QuantizedRows{codes.get(), scales.get(), k}, tiles, gw.w,
+                                gpu::GemmOutput{out.get(), n, false}, st());
+      const std::vector<float> got = from_bf16(out.download());
+      const std::string shape = fmt::format("fp4 tile_m {} E {} rows {} n {} k {}", tile_m, E, total, n, k);
+      const ErrStats vs_model = compare(got, model);
+      EXPECT_EQ(vs_model.nonfinite, 0) << shape;
+      EXPECT_EQ(vs_model.differing, 0) << shape << ": outputs that differ from the model of the tensor core";
+      const ErrStats vs_cpu = compare(got, cpu);
+      EXPECT_LT(vs_cpu.rel_l2(), 1e-2) << shape;
+      report(
+          "gemm_experts_fp4_fp8", shape, vs_cpu,
+          fmt::format("{}/{} differ from the CPU, {} from the model", vs_cpu.differing, vs_cpu.n, vs_model.differing),
+          "rows per expert 9,0,65,1,8");
     }
   }
 }

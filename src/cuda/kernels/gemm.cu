@@ -9,13 +9,14 @@
 #include <string_view>
 #include <type_traits>
 
+#include "cuda/device.h"
 #include "cuda/kernels/dependent_launch.cuh"
+#include "cuda/kernels/gemm_experts_fp8.h"
 #include "cuda/kernels/gemm_experts_wgmma.h"
 #include "cuda/kernels/gemm_library.h"
 #include "cuda/kernels/gemm_output.cuh"
 #include "cuda/kernels/gemm_stream.h"
 #include "cuda/kernels/launch_check.h"
-#include "cuda/device.h"
 #include "cuda/kernels/numerics.cuh"
 #include "cuda/kernels/reduce.cuh"
 
@@ -1348,6 +1349,12 @@ void gemm_quantized_experts(const QuantizedRows& a, const ExpertTiles& tiles, co
   check_k(w.k, "gemm_quantized_experts: the reduction length {} must be a positive multiple of 32");
   if (w.format == WeightFormat::kBf16) launch_error("gemm_quantized_experts: bf16 expert weights are not supported");
   if (tiles.max_tiles <= 0) return;
+  // DSV4_EXPERTS_FP8=1: tiled fp4 experts on FP8 wgmma at every step size (gemm_experts_fp8.h).
+  if (experts_fp8_opted_in() && experts_fp4_wgmma_supported(w) &&
+      (tiles.tile_m == kSmallRows || tiles.tile_m == kWgmmaExpertRows)) {
+    gemm_experts_fp4_fp8(a, tiles, w, out, stream);
+    return;
+  }
   if (tiles.tile_m == kSmallRows) {
     SmallArgs s{a.codes, a.scales, nullptr, 0, 0, w.k, w, 0, out, 0, nullptr, tiles, true};
     if (w.format == WeightFormat::kFp8) launch_few_fp8(s, tiles.max_tiles, stream);

@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "cuda/device.h"
-#include "cuda/kernels/gemm_output.cuh"
+#include "cuda/kernels/expert_tile.cuh"
 #include "cuda/kernels/launch_check.h"
 #include "cuda/kernels/numerics.cuh"
 
@@ -39,19 +39,9 @@ static_assert(kStageBytes % 128 == 0);
 constexpr std::int64_t smem_bytes(int units) {
   return static_cast<std::int64_t>(kStages) * kStageBytes + 2 * kStep * kHalfBytes + units * kTokens * 4;
 }
-constexpr int kMaxUnits = static_cast<int>(kFp4TiledMaxK / 128);
-
-struct ExpertWgmmaArgs {
-  const std::uint8_t* a_codes;  // [rows][k] e4m3
-  const float* a_scales;        // [rows][k / 128]
-  std::int64_t k;
-  DeviceWeight w;
-  GemmOutput out;
-  ExpertTiles tiles;
-};
 
 template <bool kNormalScales>
-__global__ void __launch_bounds__(kThreads, 1) experts_fp4_wgmma_kernel(ExpertWgmmaArgs args) {
+__global__ void __launch_bounds__(kThreads, 1) experts_fp4_wgmma_kernel(ExpertProductArgs args) {
   DSV4_DYNAMIC_SMEM(std::uint8_t, smem);
   __shared__ std::uint64_t landed[kStages];
   const int tile = static_cast<int>(blockIdx.y);
@@ -66,41 +56,25 @@ __global__ void __launch_bounds__(kThreads, 1) experts_fp4_wgmma_kernel(ExpertWg
   const int g = lane >> 2, q = lane & 3;
   const std::int64_t k = args.k;
   const int units = static_cast<int>(k / 128);
-  const std::int64_t groups = args.w.n / 16;
   const std::int64_t group = static_cast<std::int64_t>(blockIdx.x) * kWarps + warp;  // the warp's 16 rows
+  // (warp_rows, expert_tile.cuh, written out: the call compiled to other code, and this kernel's
+  // speed was measured with this one)
+  const std::int64_t groups = args.w.n / 16;
   const bool active = group < groups;
-  // A warp past the weight's end multiplies its last group again and stores nothing (the
-  // warpgroup's products need all four warps).
   const std::int64_t src_group = active ? group : groups - 1;
-  const auto* w_src = static_cast<const std::uint8_t*>(args.w.data) + expert * args.w.expert_stride + src_group * units * 1024;
-  const auto* s_src = static_cast<const std::uint8_t*>(args.w.scale) + expert * args.w.scale_stride + src_group * units * 64;
+  const WarpRows rows{
+      active, static_cast<const std::uint8_t*>(args.w.data) + expert * args.w.expert_stride + src_group * units * 1024,
+      static_cast<const std::uint8_t*>(args.w.scale) + expert * args.w.scale_stride + src_group * units * 64};
   float* sas = reinterpret_cast<float*>(smem + static_cast<std::int64_t>(kStages) * kStageBytes + 2 * kStep * kHalfBytes);
 
-  // This thread's token chunks of every unit: chunks c = tid + kThreads i (chunk c % 8 of token
-  // c / 8); past the tile's rows they are zeros, past kTokenChunks none.
-  const std::uint8_t* row_src[kChunksPerThread];
-  bool row_ok[kChunksPerThread];
-  int row_dst[kChunksPerThread];
-  DSV4_UNROLL
-  for (int i = 0; i < kChunksPerThread; ++i) {
-    const int c = tid + kThreads * i, m = c >> 3, j = c & 7;
-    row_ok[i] = m < count;
-    const std::int64_t r = row_ok[i] ? (args.tiles.source_row != nullptr ? args.tiles.source_row[first + m] : first + m) : 0;
-    row_src[i] = args.a_codes + r * k + 16 * j;
-    row_dst[i] = c < kTokenChunks ? kWeightBytes + kScaleBytes + m * 128 + j * 16 : -1;
-  }
+  // This thread's token chunks of every unit (expert_tile.cuh TokenChunks), to their places in a stage.
+  TokenChunks<kChunksPerThread> chunks;
+  token_chunks<kTokens>(chunks, args.tiles, args.a_codes, k, first, count, tid, kThreads,
+                        [](int m, int j) { return kWeightBytes + kScaleBytes + m * 128 + j * 16; });
   const auto issue = [&](int u) {  // unit u into stage u % kStages
     std::uint8_t* st = smem + (u % kStages) * kStageBytes;
-    if (lane == 0) {
-      std::uint64_t* bar = &landed[u % kStages];
-      mbarrier_arrive_expect_tx(bar, 1024 + 64);
-      bulk_copy_to_shared(st + warp * 1024, w_src + static_cast<std::int64_t>(u) * 1024, 1024, bar);
-      bulk_copy_to_shared(st + kWeightBytes + warp * 64, s_src + static_cast<std::int64_t>(u) * 64, 64, bar);
-    }
-    DSV4_UNROLL
-    for (int i = 0; i < kChunksPerThread; ++i) {
-      if (row_dst[i] >= 0) cp_async_16_zfill(st + row_dst[i], row_src[i] + static_cast<std::int64_t>(u) * 128, row_ok[i]);
-    }
+    copy_warp_unit(st, st + kWeightBytes, &landed[u % kStages], rows, u, warp, lane);
+    copy_token_chunks(st, chunks, u);
   };
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) mbarrier_init(&landed[s], kThreads / 32);  // one arrival a warp
@@ -115,9 +89,9 @@ __global__ void __launch_bounds__(kThreads, 1) experts_fp4_wgmma_kernel(ExpertWg
     std::uint8_t* h = halves + (v % (2 * kStep)) * kHalfBytes;
     DSV4_UNROLL
     for (int i = 0; i < kChunksPerThread; ++i) {
-      if (row_dst[i] < 0) continue;
+      if (chunks.dst[i] < 0) continue;
       const int c = tid + kThreads * i, m = c >> 3, j = c & 7;
-      const uint4 codes = *reinterpret_cast<const uint4*>(st + row_dst[i]);
+      const uint4 codes = *reinterpret_cast<const uint4*>(st + chunks.dst[i]);
       std::uint8_t* to = h + (m >> 3) * 2048 + 2 * j * 128 + (m & 7) * 16;
       // positions 0..7 <- k 0, 1, 4, 5, 8, 9, 12, 13; positions 8..15 <- k 2, 3, 6, 7, 10, 11, 14, 15
       *reinterpret_cast<uint4*>(to) = make_uint4(e4m3x2_to_f16x2(codes.x), e4m3x2_to_f16x2(codes.y),
@@ -135,15 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1) experts_fp4_wgmma_kernel(ExpertWg
   cp_async_wait<kStep>();
   for (int u = 0; u < kStep && u < units; ++u) widen(u);
   // The tile's activation scales [unit][token] (zero past its rows), while the first units land.
-  for (int i = tid; i < units * kTokens; i += kThreads) {
-    const int u = i / kTokens, m = i % kTokens;
-    float v = 0.0f;
-    if (m < count) {
-      const std::int64_t r = args.tiles.source_row != nullptr ? args.tiles.source_row[first + m] : first + m;
-      v = args.a_scales[r * units + u];
-    }
-    sas[i] = v;
-  }
+  load_tile_scales<kTokens>(sas, args.a_scales, args.tiles, first, count, units, tid, kThreads);
 
   // Thread (warp w, g, q) holds A rows g and g + 8 of its group. In the k16 step h of a 32-wide
   // block s its positions 2 q, 2 q + 1 and 8 + 2 q, 8 + 2 q + 1 (a[0] and a[2] for row g) are
@@ -194,33 +160,10 @@ __global__ void __launch_bounds__(kThreads, 1) experts_fp4_wgmma_kernel(ExpertWg
     const auto add_block = [&](int s) {  // after the wait that covers block s
       wgmma_fence_operands(a[s & 1]);
       wgmma_fence_operands(part[s & 1]);
-      DSV4_UNROLL
-      for (int i = 0; i < kTokens / 2; ++i) {
-        const float scaled = part[s & 1][i] * ((i & 2) ? ws_h[s] : ws_g[s]);
-        unit[i] = s == 0 ? scaled : unit[i] + scaled;
-      }
+      add_scaled_block(unit, part[s & 1], s, ws_g[s], ws_h[s]);
     };
-    issue_block(0);
-    DSV4_UNROLL
-    for (int s = 0; s < 4; ++s) {
-      if (s < 3) {
-        issue_block(s + 1);
-        wgmma_wait<1>();
-      } else {
-        wgmma_wait<0>();
-      }
-      add_block(s);
-    }
-    // times the activation scales of the accumulator's tokens 8 jj + 2 q and 8 jj + 2 q + 1
-    const float* sa = sas + u * kTokens + 2 * q;
-    DSV4_UNROLL
-    for (int jj = 0; jj < kTokens / 8; ++jj) {
-      const float2 s2 = *reinterpret_cast<const float2*>(sa + 8 * jj);
-      acc[4 * jj + 0] += unit[4 * jj + 0] * s2.x;
-      acc[4 * jj + 1] += unit[4 * jj + 1] * s2.y;
-      acc[4 * jj + 2] += unit[4 * jj + 2] * s2.x;
-      acc[4 * jj + 3] += unit[4 * jj + 3] * s2.y;
-    }
+    four_blocks_two_in_flight(issue_block, add_block);
+    add_unit(acc, unit, sas + u * kTokens + 2 * q);
   };
   for (int u0 = 0; u0 < units; u0 += kStep) {
     fence_proxy_async_shared();  // (this thread's f16 tokens of the step are read by wgmma, the async proxy)
@@ -237,13 +180,8 @@ __global__ void __launch_bounds__(kThreads, 1) experts_fp4_wgmma_kernel(ExpertWg
     }
   }
   cp_async_wait_all();  // (only empty groups are left)
-  if (!active) return;
-  DSV4_UNROLL
-  for (int i = 0; i < kTokens / 2; ++i) {
-    const int m = 8 * (i / 4) + 2 * q + (i & 1);
-    const std::int64_t n = group * 16 + g + 8 * ((i >> 1) & 1);
-    if (m < count) store_out(args.out, first + m, n, acc[i] * kFp4Rebuild);
-  }
+  if (!rows.active) return;
+  store_tile(args.out, acc, first, count, group, g, q);
 }
 
 }  // namespace
@@ -260,12 +198,12 @@ void gemm_experts_fp4_wgmma(const QuantizedRows& a, const ExpertTiles& tiles, co
   if (a.k != w.k) launch_error("gemm_experts_fp4_wgmma: activations of {} columns for a weight of {}", {a.k, w.k});
   if (tiles.max_tiles <= 0) return;
   static const bool smem_set = [] {
-    set_max_dynamic_smem(experts_fp4_wgmma_kernel<true>, static_cast<std::size_t>(smem_bytes(kMaxUnits)));
-    set_max_dynamic_smem(experts_fp4_wgmma_kernel<false>, static_cast<std::size_t>(smem_bytes(kMaxUnits)));
+    set_max_dynamic_smem(experts_fp4_wgmma_kernel<true>, static_cast<std::size_t>(smem_bytes(kMaxExpertUnits)));
+    set_max_dynamic_smem(experts_fp4_wgmma_kernel<false>, static_cast<std::size_t>(smem_bytes(kMaxExpertUnits)));
     return true;
   }();
   (void)smem_set;
-  const ExpertWgmmaArgs args{a.codes, a.scales, w.k, w, out, tiles};
+  const ExpertProductArgs args{a.codes, a.scales, w.k, w, out, tiles};
   const dim3 grid(static_cast<unsigned>((w.n / 16 + kWarps - 1) / kWarps), static_cast<unsigned>(tiles.max_tiles));
   const auto bytes = static_cast<std::size_t>(smem_bytes(static_cast<int>(w.k / 128)));
   launch(w.fp4_scales_normal ? experts_fp4_wgmma_kernel<true> : experts_fp4_wgmma_kernel<false>, grid, dim3(kThreads), bytes, stream, args);

@@ -1442,7 +1442,7 @@ std::uint64_t operand_sum(std::uint64_t desc, int row_groups) {
   return h;
 }
 std::uint64_t product_sum(const WgmmaProduct& p) {
-  return operand_sum(p.desc_a, 8) * 31 + operand_sum(p.desc_b, p.b_row_groups);
+  return (p.desc_a == kRegisterA ? 0 : operand_sum(p.desc_a, 8)) * 31 + operand_sum(p.desc_b, p.b_row_groups);
 }
 
 }  // namespace

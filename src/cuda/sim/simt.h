@@ -154,7 +154,9 @@ void mbarrier_arrive_remote(std::uint64_t* bar, unsigned rank, const Location& l
 // and two K groups each -- must stay unchanged from the first thread's issue to the last thread's
 // wait; a change is reported (the GPU reads them asynchronously in between), and so is a product
 // that not every thread of the warpgroup issued. Products are matched across the warpgroup's
-// threads by their place in the thread's sequence of commit groups.
+// threads by their place in the thread's sequence of commit groups. desc_a = kRegisterA: A comes
+// from registers (only B is checked).
+inline constexpr std::uint64_t kRegisterA = ~std::uint64_t{0};
 void wgmma_issue(std::uint64_t desc_a, std::uint64_t desc_b, int b_row_groups, const Location& loc);
 void wgmma_commit();
 void wgmma_wait(int pending_groups, const Location& loc);
