@@ -11,7 +11,8 @@
 // its weight from HBM. Weights and activations are constant bytes (timing does not depend on the
 // values). "auto" is what the executor picks for a prefill step (GemmPath::kAutoPrefill): the
 // few-rows kernel up to 16 rows, then cuBLASLt where it runs the shape, else the tiles. "stream" is
-// the weight-streaming wgmma kernel (GemmPath::kStream, dense fp8 weights, opt-in).
+// the weight-streaming wgmma kernel (GemmPath::kStream, dense fp8 weights, opt-in); with
+// DSV4_GEMM_STREAM_FP8=1 in the environment its products are FP8 wgmma (gemm_stream.h StreamProducts).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 
 #include "common/error.h"
 #include "cuda/kernels/gemm.h"
+#include "cuda/kernels/gemm_stream.h"
 #include "cuda/runtime.h"
 #include "gpu_bench_util.h"
 #include "mma_peak.h"
@@ -103,6 +105,9 @@ int run(int argc, char** argv) {
   const double peak_fp8 = bench::measure_mma_peak_tflops(true), peak_bf16 = bench::measure_mma_peak_tflops(false);
   fmt::print("device: {} ({} SMs)\nHBM bandwidth (4 GiB copy, read + write): {:.2f} TB/s\n", info.name, info.sm_count, bw / 1e12);
   fmt::print("mma.sync peak: e4m3 {:.0f} TFLOP/s, bf16 {:.0f} TFLOP/s\n", peak_fp8, peak_bf16);
+  fmt::print("stream products: {}\n", gpu::stream_products() == gpu::StreamProducts::kFp8
+                                          ? "FP8 wgmma (DSV4_GEMM_STREAM_FP8=1, gemm_stream.h)"
+                                          : "f16 wgmma (the default)");
   fmt::print("time: median of {} replays of a graph of {} launches, per launch\n", runs, reps);
   fmt::print("cuBLASLt ({}): reported after the first product that asks for it\n\n", "block-scaled FP8");
   fmt::print("| product | rows | auto picks | auto (us) | GB/s | of HBM | TFLOP/s | of mma peak | few-rows (us) | stream (us) | stream of HBM | tiles (us) | cuBLASLt (us) | cuBLASLt / auto |\n");

@@ -90,8 +90,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm 
 check device_language 60 "$(find_program test_device_language)"
 check gpu_ops 180 "$(find_program test_gpu_ops)"
 check gpu_model 180 "$(find_program test_gpu_model)"
-# The whole model with the routed experts on FP8 wgmma (gemm_experts_fp8.h, opt-in).
-check gpu_model_fp8_experts 180 env DSV4_EXPERTS_FP8=1 "$(find_program test_gpu_model)"
+# The whole model with the opt-in FP8 products: the routed experts (gemm_experts_fp8.h) and the
+# weight-streaming kernel's (gemm_stream.h StreamProducts).
+check gpu_model_fp8 180 env DSV4_EXPERTS_FP8=1 DSV4_GEMM_STREAM_FP8=1 "$(find_program test_gpu_model)"
 
 if [ $sanitizer = 1 ] && command -v compute-sanitizer >/dev/null; then
   # memcheck and racecheck on the op tests (the simulator's smaller sizes) and on the tiny model's
@@ -107,8 +108,10 @@ fi
 if [ $bench = 1 ]; then
   if [ $quick = 1 ]; then
     check bench_gemm 300 "$(find_program bench_gpu_gemm)" --rows 1,8,64,4096 --reps 5 --runs 50
+    check bench_gemm_stream_fp8 300 env DSV4_GEMM_STREAM_FP8=1 "$(find_program bench_gpu_gemm)" --rows 1,16,32,64 --reps 5 --runs 50
   else
     check bench_gemm 600 "$(find_program bench_gpu_gemm)"
+    check bench_gemm_stream_fp8 600 env DSV4_GEMM_STREAM_FP8=1 "$(find_program bench_gpu_gemm)" --rows 1,16,32,64
   fi
   if [ $quick = 1 ]; then
     check bench_moe 300 "$(find_program bench_gpu_moe)" --reps 10

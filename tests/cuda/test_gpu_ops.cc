@@ -24,6 +24,7 @@
 #include "cuda/kernels/gemm.h"
 #include "cuda/kernels/gemm_experts_fp8.h"
 #include "cuda/kernels/gemm_experts_wgmma.h"
+#include "cuda/kernels/gemm_stream.h"
 #include "cuda/kernels/hyper.h"
 #include "cuda/kernels/moe.h"
 #include "gpu_step.h"
@@ -640,6 +641,90 @@ TEST(GpuOps, GemmStreamShapes) {
   }
 }
 
+// An FP8 tensor-core product's outputs: bit for bit those of its host reference on the model of
+// the tensor core's sums (numerics/fp8_dot_model.h), and within the GEMM tolerance of the CPU
+// executor's (whose block sums keep more bits); reported with both counts.
+void expect_tensor_core_model(const char* op, const std::string& shape, const std::vector<float>& got,
+                              const std::vector<float>& model, const std::vector<float>& cpu, const char* note) {
+  const ErrStats vs_model = compare(got, model);
+  EXPECT_EQ(vs_model.nonfinite, 0) << shape;
+  EXPECT_EQ(vs_model.differing, 0) << shape << ": outputs that differ from the model of the tensor core";
+  const ErrStats vs_cpu = compare(got, cpu);
+  EXPECT_LT(vs_cpu.rel_l2(), 1e-2) << shape;
+  report(op, shape, vs_cpu,
+         fmt::format("{}/{} differ from the CPU, {} from the model", vs_cpu.differing, vs_cpu.n, vs_model.differing),
+         note);
+}
+
+// The FP8 form of the stream kernel on the host, for activation row `codes` and weight row `w`:
+// each 128-wide unit's chain of k32 products through the model of the tensor core's sums
+// (numerics/fp8_dot_model.h), times (weight scale x activation scale) into its split's fp32 sum,
+// the splits' sums added in split order; bf16.
+float stream_fp8_reference(const std::uint8_t* codes, const float* a_scales, const std::uint8_t* w,
+                           const float* w_scales, std::int64_t k, int per) {
+  const std::int64_t units = (k + 127) / 128;
+  const std::int64_t splits = (units + per - 1) / per;
+  float total = 0.0f;
+  for (std::int64_t s = 0; s < splits; ++s) {
+    float acc = 0.0f;
+    for (std::int64_t u = s * per; u < std::min<std::int64_t>(units, (s + 1) * per); ++u) {
+      const auto len = static_cast<std::size_t>(std::min<std::int64_t>(128, k - 128 * u));
+      const float unit = fp8_dot(kHopperFp8Dot, 0.0f, std::span<const std::uint8_t>(codes + 128 * u, len),
+                                 std::span<const std::uint8_t>(w + 128 * u, len));
+      acc += unit * (w_scales[u] * a_scales[u]);
+    }
+    total = splits == 1 ? acc : total + acc;
+  }
+  return round_to_bf16(total);
+}
+
+// The stream kernel with FP8 products (gemm_stream.h StreamProducts::kFp8): bit for bit the model
+// of the tensor core, whatever the plan's split of k; within the GEMM tolerance of the CPU
+// executor. Rows 1..64 (every N of the product), a k tail of 32, one split and several.
+TEST(GpuOps, GemmStreamFp8Products) {
+  struct Case {
+    GemmShape shape;
+    std::vector<std::int64_t> rows;
+  };
+  std::vector<Case> cases = {{{96, 1184}, {1, 5, 17, 33}}, {{512, 2048}, {9, 64}}, {{25600, 128}, {1}}};
+  if (!small()) cases.push_back({{4104, 4096}, {1, 9, 64}});
+  for (const Case& c : cases) {
+    const GemmShape& sh = c.shape;
+    std::mt19937_64 rng(seed_of({71, sh.n, sh.k}));
+    const TestWeight tw = make_weight(WeightFormat::kFp8, sh.n, sh.k, 0.05f, rng);
+    const DenseWeight dw = tw.dense();
+    DevWeight gw = upload_weight(tw);
+    const std::int64_t units = (sh.k + 127) / 128;
+    for (std::int64_t rows : c.rows) {
+      std::vector<float> x = bf16_activations(static_cast<std::size_t>(rows * sh.k), 1.0f, rng);
+      std::vector<float> cpu(static_cast<std::size_t>(rows * sh.n));
+      linear(x, rows, dw, cpu, cpu_pool());
+      DevArray<std::uint16_t> dx(to_bf16(x));
+      DevArray<std::uint8_t> codes(static_cast<std::size_t>(rows * sh.k));
+      DevArray<float> scales(static_cast<std::size_t>(rows * units));
+      gpu::quantize_activations(dx.get(), sh.k, rows, sh.k, codes.get(), scales.get(), nullptr, st());
+      const std::vector<std::uint8_t> h_codes = codes.download();
+      const std::vector<float> h_scales = scales.download();
+      const gpu::GemmOutput output{nullptr, sh.n, false};
+      const int per = gpu::gemm_stream_units_per_split(rows, gw.w, output, gpu::StreamProducts::kFp8);
+      std::vector<float> model(cpu.size());
+      cpu_pool()->parallel_for(0, rows, [&](std::int64_t r) {
+        for (std::int64_t o = 0; o < sh.n; ++o)
+          model[static_cast<std::size_t>(r * sh.n + o)] = stream_fp8_reference(
+              &h_codes[static_cast<std::size_t>(r * sh.k)], &h_scales[static_cast<std::size_t>(r * units)],
+              &tw.data[static_cast<std::size_t>(o * sh.k)], &tw.scales_f32[static_cast<std::size_t>((o / 128) * units)],
+              sh.k, per);
+      });
+      DevArray<std::uint16_t> out(static_cast<std::size_t>(rows * sh.n));
+      gpu::gemm_stream_fp8(gpu::QuantizedRows{codes.get(), scales.get(), sh.k}, rows, gw.w,
+                           gpu::GemmOutput{out.get(), sh.n, false}, nullptr, st(), gpu::StreamProducts::kFp8);
+      const std::vector<float> got = from_bf16(out.download());
+      const std::string shape = fmt::format("stream fp8 rows {} n {} k {} ({} units a split)", rows, sh.n, sh.k, per);
+      expect_tensor_core_model("gemm_stream_fp8 (FP8)", shape, got, model, cpu, "FP8 wgmma, four k32 steps a unit");
+    }
+  }
+}
+
 // rows_dev: a device row count below `rows` limits the rows computed (graph replay).
 TEST(GpuOps, GemmRowsDevLimit) {
   std::mt19937_64 rng(seed_of({3}));
@@ -1056,15 +1141,7 @@ TEST(GpuOps, GemmExpertsFp8) {
                                 gpu::GemmOutput{out.get(), n, false}, st());
       const std::vector<float> got = from_bf16(out.download());
       const std::string shape = fmt::format("fp4 tile_m {} E {} rows {} n {} k {}", tile_m, E, total, n, k);
-      const ErrStats vs_model = compare(got, model);
-      EXPECT_EQ(vs_model.nonfinite, 0) << shape;
-      EXPECT_EQ(vs_model.differing, 0) << shape << ": outputs that differ from the model of the tensor core";
-      const ErrStats vs_cpu = compare(got, cpu);
-      EXPECT_LT(vs_cpu.rel_l2(), 1e-2) << shape;
-      report(
-          "gemm_experts_fp4_fp8", shape, vs_cpu,
-          fmt::format("{}/{} differ from the CPU, {} from the model", vs_cpu.differing, vs_cpu.n, vs_model.differing),
-          "rows per expert 9,0,65,1,8");
+      expect_tensor_core_model("gemm_experts_fp4_fp8", shape, got, model, cpu, "rows per expert 9,0,65,1,8");
     }
   }
 }

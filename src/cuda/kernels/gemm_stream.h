@@ -24,9 +24,23 @@
 
 namespace dsv4::gpu {
 
+// How the products run: f16 wgmma on the codes' exact f16 values, summed in fp32 (the CPU
+// executor's block sums); or FP8 wgmma on the codes, each 128-wide block a chain of four k32
+// products summed as the tensor core sums (the reference's fp8_gemm arithmetic,
+// numerics/fp8_dot_model.h; GpuOps.GemmStreamFp8Products compares it bit for bit with that model).
+enum class StreamProducts { kF16, kFp8 };
+// kFp8 with DSV4_GEMM_STREAM_FP8=1 in the environment (read once), else kF16: the executor's choice
+// until the FP8 form is measured.
+StreamProducts stream_products();
+
+// The 128-wide units of k each CTA's split takes in gemm_stream_fp8's plan for such a product (the
+// partial sums of the splits are added in split order: tests that rebuild the sums need it).
+int gemm_stream_units_per_split(std::int64_t rows, const DeviceWeight& w, const GemmOutput& out,
+                                StreamProducts products);
+
 // out[r] = W . dequant(a[r]) for rows [0, rows) of a dense fp8 weight (k a multiple of 32).
 void gemm_stream_fp8(const QuantizedRows& a, std::int64_t rows, const DeviceWeight& w, const GemmOutput& out,
-                     const std::int32_t* rows_dev, gpu_stream_t stream);
+                     const std::int32_t* rows_dev, gpu_stream_t stream, StreamProducts products = stream_products());
 
 // The split-K workspace of one stream (gemm_stream_workspace.cc): at least `partial_floats` fp32
 // partials and `counters` arrival counts, the counts zero between products (each product's last
