@@ -4,7 +4,8 @@
 // k, sums per 128-wide k unit scaled by (activation scale x 128 x 128 weight block scale) and added
 // unit by unit in fp32, bf16 or fp32 output. The products run as f16 wgmma on the exact f16 values
 // of the e4m3 codes: FP8 wgmma sums with fewer bits than fp32 (about 1e-4 relative on the H200,
-// docs/perf.md), f16 wgmma in fp32. CPU twin: cpu/linear.h linear().
+// docs/perf.md), f16 wgmma in fp32. CPU twin: cpu/linear.h linear(). An opt-in FP8 form
+// (StreamProducts below) runs the reference's own arithmetic instead.
 //
 // How (gemm_stream.cu): at a handful of rows the product is bound by reading the weight once. A CTA
 // is two warpgroups sharing the activations of a range of k units (a split) x up to 64 activation
