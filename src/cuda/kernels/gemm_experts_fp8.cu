@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "cuda/device.h"
+#include "cuda/kernels/dependent_launch.cuh"
 #include "cuda/kernels/expert_tile.cuh"
 #include "cuda/kernels/gemm_experts_wgmma.h"
 #include "cuda/kernels/launch_check.h"
@@ -69,9 +70,17 @@ __global__ void __launch_bounds__(Fp8Cta<kTokens>::kThreads, kTokens >= 64 ? 1 :
   }
   __syncthreads();
   // Two steps of units ahead. A group is committed per unit (empty past the last), so that waiting
-  // for all but the newest kStep groups waits for the units of the next step.
+  // for all but the newest kStep groups waits for the units of the next step. Launched dependent:
+  // the tile map and the weights were complete before the kernel before this one began
+  // (gemm_quantized_experts), so the first weight copies go out while that kernel ends; the
+  // activations and their scales may come from it.
+  for (int u = 0; u < 2 * C::kStep && u < units; ++u)
+    copy_warp_unit(smem + (u % C::kStages) * C::kStageBytes, smem + (u % C::kStages) * C::kStageBytes + C::kWeightBytes,
+                   &landed[u % C::kStages], rows, u, warp, lane);
+  grid_dependency_wait();
+  grid_dependents_launch();
   for (int u = 0; u < 2 * C::kStep; ++u) {
-    if (u < units) issue(u);
+    if (u < units) copy_token_chunks(smem + (u % C::kStages) * C::kStageBytes, chunks, u);
     cp_async_commit();
   }
   // The tile's activation scales [unit][token] (zero past its rows), while the first units land.
@@ -153,8 +162,8 @@ void launch_fp8(const ExpertProductArgs& args, const ExpertTiles& tiles, const D
   const dim3 grid(static_cast<unsigned>((w.n / 16 + C::kWarps - 1) / C::kWarps),
                   static_cast<unsigned>(tiles.max_tiles));
   const auto bytes = static_cast<std::size_t>(C::smem_bytes(static_cast<int>(w.k / 128)));
-  launch(w.fp4_scales_normal ? experts_fp4_fp8_kernel<true, kTokens> : experts_fp4_fp8_kernel<false, kTokens>, grid,
-         dim3(C::kThreads), bytes, stream, args);
+  launch_dependent(w.fp4_scales_normal ? experts_fp4_fp8_kernel<true, kTokens> : experts_fp4_fp8_kernel<false, kTokens>,
+                   grid, dim3(C::kThreads), bytes, stream, args);
 }
 
 }  // namespace
