@@ -170,7 +170,7 @@ std::string describe(const Fp8DotModel& m) {
 
 std::vector<Fp8DotModel> fp8_dot_candidates() {
   std::vector<Fp8DotModel> out;
-  for (int window : {12, 13, 14, 15, 16, 24, 25, 26, 40})
+  for (int window : {12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 40})
     for (bool floor_shifts : {false, true})
       for (bool field : {true, false})
         for (auto acc : {Fp8DotModel::Accumulator::kJoint, Fp8DotModel::Accumulator::kAfterNearest,
