@@ -262,6 +262,28 @@ TEST(GpuOps, GemmQuantized) {
 // cuBLASLt's block-scaled product (GemmPath::kLibrary) with a power-of-two scale of its own for
 // every activation row and 128-block and every 128 x 128 weight block, so a scale read from the
 // wrong place shows; row counts that are and are not multiples of 8, against cpu linear.
+// The FP8 form of the stream kernel on the host, for activation row `codes` and weight row `w`:
+// each 128-wide unit's chain of k32 products through the model of the tensor core's sums
+// (numerics/fp8_dot_model.h), times (weight scale x activation scale) into its split's fp32 sum,
+// the splits' sums added in split order; bf16.
+float stream_fp8_reference(const std::uint8_t* codes, const float* a_scales, const std::uint8_t* w,
+                           const float* w_scales, std::int64_t k, int per) {
+  const std::int64_t units = (k + 127) / 128;
+  const std::int64_t splits = (units + per - 1) / per;
+  float total = 0.0f;
+  for (std::int64_t s = 0; s < splits; ++s) {
+    float acc = 0.0f;
+    for (std::int64_t u = s * per; u < std::min<std::int64_t>(units, (s + 1) * per); ++u) {
+      const auto len = static_cast<std::size_t>(std::min<std::int64_t>(128, k - 128 * u));
+      const float unit = fp8_dot(kHopperFp8Dot, 0.0f, std::span<const std::uint8_t>(codes + 128 * u, len),
+                                 std::span<const std::uint8_t>(w + 128 * u, len));
+      acc += unit * (w_scales[u] * a_scales[u]);
+    }
+    total = splits == 1 ? acc : total + acc;
+  }
+  return round_to_bf16(total);
+}
+
 TEST(GpuOps, GemmLibraryScales) {
   if (sim()) {
     // The simulator build has no cuBLASLt: the library path must say no (gemm.h then keeps its
@@ -283,7 +305,7 @@ TEST(GpuOps, GemmLibraryScales) {
     std::int64_t n, k;
     std::vector<std::int64_t> rows;
   };
-  std::int64_t runs = 0;
+  std::int64_t runs = 0, model_outputs = 0, model_differ = 0, cpu_differ = 0;
   std::vector<std::string> refused;
   for (const Case& c : {Case{256, 512, {4, 5, 8, 12, 24, 37, 300, 301, 1000}}, Case{512, 512, {300}}, Case{1024, 2048, {8, 24, 37, 300}}}) {
     std::mt19937_64 rng(seed_of({43, c.n, c.k}));
@@ -342,12 +364,32 @@ TEST(GpuOps, GemmLibraryScales) {
       EXPECT_LT(s.rel_l2(), 1e-2) << shape;
       EXPECT_EQ(near.bad, 0) << shape << ": " << near.first;
       sweep.add("gemm_quantized", fmt::format("fp8 cublaslt n {} k {} scales varied", c.n, c.k), s, "bf16 out vs linear; <= 1 bf16 ulp + sum-order bound");
+      // Whether cuBLASLt sums as the reference's fp8 GEMM does (each 128-wide block a chain of
+      // FP8 tensor-core products, numerics/fp8_dot_model.h, the blocks added in order): counted,
+      // not asserted, to explain its difference from the CPU executor in the model test.
+      const std::vector<std::uint8_t> h_codes = codes.download();
+      const std::vector<float> h_scales = scales.download();
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t n = 0; n < c.n; ++n) {
+          const float want = stream_fp8_reference(
+              &h_codes[static_cast<std::size_t>(r * c.k)], &h_scales[static_cast<std::size_t>(r * kbw)],
+              &tw.data[static_cast<std::size_t>(n * c.k)], &tw.scales_f32[static_cast<std::size_t>((n / 128) * kbw)],
+              c.k, static_cast<int>(kbw));
+          const float have = got[static_cast<std::size_t>(r * c.n + n)];
+          model_outputs += 1;
+          if (!(have == want)) ++model_differ;
+        }
+      cpu_differ += s.differing;
     }
     sweep.flush("rows " + fmt::format("{}", fmt::join(c.rows, ",")));
   }
   std::printf("[gemm] cuBLASLt calibration: %s\n", gpu::gemm_library_calibration().c_str());
   std::printf("[gemm] cuBLASLt with varied scales: %lld products checked; refused: %s\n", static_cast<long long>(runs),
               refused.empty() ? "none" : fmt::format("{}", fmt::join(refused, "; ")).c_str());
+  std::printf(
+      "[gemm] cuBLASLt against the FP8 tensor-core model of the reference's fp8 GEMM: %lld of %lld outputs differ "
+      "(against the CPU executor: %lld)\n",
+      static_cast<long long>(model_differ), static_cast<long long>(model_outputs), static_cast<long long>(cpu_differ));
   EXPECT_GT(runs, 0) << "the real build links cuBLASLt: its path must run";
 }
 
@@ -654,28 +696,6 @@ void expect_tensor_core_model(const char* op, const std::string& shape, const st
   report(op, shape, vs_cpu,
          fmt::format("{}/{} differ from the CPU, {} from the model", vs_cpu.differing, vs_cpu.n, vs_model.differing),
          note);
-}
-
-// The FP8 form of the stream kernel on the host, for activation row `codes` and weight row `w`:
-// each 128-wide unit's chain of k32 products through the model of the tensor core's sums
-// (numerics/fp8_dot_model.h), times (weight scale x activation scale) into its split's fp32 sum,
-// the splits' sums added in split order; bf16.
-float stream_fp8_reference(const std::uint8_t* codes, const float* a_scales, const std::uint8_t* w,
-                           const float* w_scales, std::int64_t k, int per) {
-  const std::int64_t units = (k + 127) / 128;
-  const std::int64_t splits = (units + per - 1) / per;
-  float total = 0.0f;
-  for (std::int64_t s = 0; s < splits; ++s) {
-    float acc = 0.0f;
-    for (std::int64_t u = s * per; u < std::min<std::int64_t>(units, (s + 1) * per); ++u) {
-      const auto len = static_cast<std::size_t>(std::min<std::int64_t>(128, k - 128 * u));
-      const float unit = fp8_dot(kHopperFp8Dot, 0.0f, std::span<const std::uint8_t>(codes + 128 * u, len),
-                                 std::span<const std::uint8_t>(w + 128 * u, len));
-      acc += unit * (w_scales[u] * a_scales[u]);
-    }
-    total = splits == 1 ? acc : total + acc;
-  }
-  return round_to_bf16(total);
 }
 
 // The stream kernel with FP8 products (gemm_stream.h StreamProducts::kFp8): bit for bit the model
