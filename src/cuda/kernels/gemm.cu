@@ -5,8 +5,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "cuda/device.h"
@@ -1182,12 +1180,6 @@ void launch_mma_bf16(const MmaArgs& args, std::int64_t row_tiles, int groups, gp
          dim3(static_cast<unsigned>((n_group + kTileN - 1) / kTileN), static_cast<unsigned>(row_tiles),
               static_cast<unsigned>(groups)),
          dim3(kThreads), kMmaSmem, stream, args);
-}
-
-// Whether environment variable `name` holds `value` (the callers keep the answer in a static).
-bool env_is(const char* name, std::string_view value) {
-  const char* env = std::getenv(name);
-  return env != nullptr && std::string_view(env) == value;
 }
 
 // DSV4_GEMM_LIBRARY=1: prompt steps take cuBLASLt where it runs (gemm.h GemmPath).

@@ -2,8 +2,6 @@
 #include "cuda/kernels/gemm_experts_fp8.h"
 
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 
 #include "cuda/device.h"
 #include "cuda/kernels/dependent_launch.cuh"
@@ -60,11 +58,12 @@ __global__ void __launch_bounds__(Fp8Cta<kTokens>::kThreads, kTokens >= 64 ? 1 :
   token_chunks<kTokens>(chunks, args.tiles, args.a_codes, k, first, count, tid, C::kThreads, [](int m, int j) {
     return C::kWeightBytes + C::kScaleBytes + (m >> 3) * 1024 + j * 128 + (m & 7) * 16;
   });
-  const auto issue = [&](int u) {  // unit u into stage u % kStages
-    std::uint8_t* st = smem + (u % C::kStages) * C::kStageBytes;
-    copy_warp_unit(st, st + C::kWeightBytes, &landed[u % C::kStages], rows, u, warp, lane);
-    copy_token_chunks(st, chunks, u);
+  // Unit u into stage u % kStages: its weights (bulk copies on the stage's barrier) and its tokens.
+  const auto stage_of = [&](int u) { return smem + (u % C::kStages) * C::kStageBytes; };
+  const auto issue_weights = [&](int u) {
+    copy_warp_unit(stage_of(u), stage_of(u) + C::kWeightBytes, &landed[u % C::kStages], rows, u, warp, lane);
   };
+  const auto issue_tokens = [&](int u) { copy_token_chunks(stage_of(u), chunks, u); };
   if (tid == 0) {
     for (int s = 0; s < C::kStages; ++s) mbarrier_init(&landed[s], C::kThreads / 32);  // one arrival a warp
   }
@@ -74,13 +73,11 @@ __global__ void __launch_bounds__(Fp8Cta<kTokens>::kThreads, kTokens >= 64 ? 1 :
   // the tile map and the weights were complete before the kernel before this one began
   // (gemm_quantized_experts), so the first weight copies go out while that kernel ends; the
   // activations and their scales may come from it.
-  for (int u = 0; u < 2 * C::kStep && u < units; ++u)
-    copy_warp_unit(smem + (u % C::kStages) * C::kStageBytes, smem + (u % C::kStages) * C::kStageBytes + C::kWeightBytes,
-                   &landed[u % C::kStages], rows, u, warp, lane);
+  for (int u = 0; u < 2 * C::kStep && u < units; ++u) issue_weights(u);
   grid_dependency_wait();
   grid_dependents_launch();
   for (int u = 0; u < 2 * C::kStep; ++u) {
-    if (u < units) copy_token_chunks(smem + (u % C::kStages) * C::kStageBytes, chunks, u);
+    if (u < units) issue_tokens(u);
     cp_async_commit();
   }
   // The tile's activation scales [unit][token] (zero past its rows), while the first units land.
@@ -138,7 +135,10 @@ __global__ void __launch_bounds__(Fp8Cta<kTokens>::kThreads, kTokens >= 64 ? 1 :
     fence_proxy_async_shared();  // (read by wgmma, the async proxy)
     __syncthreads();             // every thread's chunks are in; the last step's stages are free
     for (int j = 0; j < C::kStep; ++j) {
-      if (u0 + 2 * C::kStep + j < units) issue(u0 + 2 * C::kStep + j);
+      if (u0 + 2 * C::kStep + j < units) {
+        issue_weights(u0 + 2 * C::kStep + j);
+        issue_tokens(u0 + 2 * C::kStep + j);
+      }
       cp_async_commit();
     }
     for (int j = 0; j < C::kStep && u0 + j < units; ++j) compute_unit(u0 + j);
@@ -169,10 +169,7 @@ void launch_fp8(const ExpertProductArgs& args, const ExpertTiles& tiles, const D
 }  // namespace
 
 bool experts_fp8_opted_in() {
-  static const bool on = [] {
-    const char* env = std::getenv("DSV4_EXPERTS_FP8");
-    return env != nullptr && std::string_view(env) == "1";
-  }();
+  static const bool on = env_is("DSV4_EXPERTS_FP8", "1");
   return on;
 }
 

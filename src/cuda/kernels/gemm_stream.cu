@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 
 #include "cuda/device.h"
 #include "cuda/kernels/launch_check.h"
@@ -350,10 +348,8 @@ void launch_stream(StreamArgs args, int grid_x, int smem, gpu_stream_t stream) {
 }  // namespace
 
 StreamProducts stream_products() {
-  static const StreamProducts chosen = [] {
-    const char* env = std::getenv("DSV4_GEMM_STREAM_FP8");
-    return env != nullptr && std::string_view(env) == "1" ? StreamProducts::kFp8 : StreamProducts::kF16;
-  }();
+  static const StreamProducts chosen =
+      env_is("DSV4_GEMM_STREAM_FP8", "1") ? StreamProducts::kFp8 : StreamProducts::kF16;
   return chosen;
 }
 

@@ -1,6 +1,7 @@
-// launch_error (launch_check.h).
+// launch_error and env_is (launch_check.h).
 #include "cuda/kernels/launch_check.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "common/error.h"
@@ -19,6 +20,11 @@ void launch_error(const char* message, std::initializer_list<long long> values) 
     }
   }
   throw Error(text);
+}
+
+bool env_is(const char* name, std::string_view value) {
+  const char* env = std::getenv(name);
+  return env != nullptr && std::string_view(env) == value;
 }
 
 }  // namespace dsv4::gpu
